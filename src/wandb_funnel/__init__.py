@@ -1,0 +1,34 @@
+"""wandb-funnel: many processes, one wandb run, and an exit that never hangs.
+
+Worker processes push msgpack records through ZeroMQ to one logger process that owns the only
+wandb run, orders records by step and rank, reduces across ranks, and always finishes the run.
+"""
+
+from __future__ import annotations
+
+from ._api import finish, init, log
+from ._funnel import Funnel
+from ._run import Run
+from .errors import (
+    ClientClosedError,
+    FunnelError,
+    FunnelWarning,
+    LoggerStartError,
+    LoggerUnavailableError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClientClosedError",
+    "Funnel",
+    "FunnelError",
+    "FunnelWarning",
+    "LoggerStartError",
+    "LoggerUnavailableError",
+    "Run",
+    "__version__",
+    "finish",
+    "init",
+    "log",
+]

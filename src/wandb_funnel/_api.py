@@ -1,0 +1,179 @@
+"""The module-level API: ``wf.init``, ``wf.log``, ``wf.finish`` and this process's current Run."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import warnings
+from typing import Any
+
+from ._config import (
+    DEFAULT_MAX_RECORD_BYTES,
+    ENV_ADDRESS,
+    ENV_HOST,
+    ENV_LOGGER_PID,
+    ENV_MAX_RECORD_BYTES,
+    ENV_RANK_PID,
+    ENV_RUN_ID,
+    ENV_TOKEN,
+)
+from ._run import AttachInfo, Run
+from .errors import FunnelWarning
+
+_lock = threading.RLock()
+_current: Run | None = None
+_current_pid = -1
+
+# wf.init() keywords that configure a funnel rather than the wandb run.
+_FUNNEL_KWARGS = (
+    "run_mode",
+    "reduce",
+    "step_key",
+    "close_timeout",
+    "start_timeout",
+    "reorder_window",
+    "max_pending_rows",
+    "max_record_bytes",
+)
+
+
+def _reset_in_child() -> None:
+    global _current, _current_pid, _lock
+    _current, _current_pid = None, -1
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def current_run() -> Run | None:
+    """This process's current, unfinished Run (never one inherited through fork)."""
+    run = _current
+    if run is None or _current_pid != os.getpid() or run.finished:
+        return None
+    return run
+
+
+def _set_current(run: Run) -> None:
+    global _current, _current_pid
+    _current, _current_pid = run, os.getpid()
+
+
+def adopt_owner_run(run: Run) -> None:
+    """A Funnel just started here: its rank-0 run is this process's current run."""
+    with _lock:
+        if current_run() is None:
+            _set_current(run)
+
+
+def forget_run(run: Run | None) -> None:
+    global _current
+    with _lock:
+        if run is not None and _current is run:
+            _current = None
+
+
+def _env_rank() -> int | None:
+    """``RANK`` from the launcher, unless it was inherited from a parent that already used it."""
+    value = os.environ.get("RANK")
+    if value is None:
+        return None
+    owner = os.environ.get(ENV_RANK_PID)
+    if owner is not None and owner != str(os.getpid()):
+        return None  # a DataLoader worker or Pool child of a rank: it gets a rank of its own
+    try:
+        rank = int(value)
+    except ValueError:
+        raise ValueError(f"wandb_funnel: RANK must be an integer, got {value!r}") from None
+    os.environ[ENV_RANK_PID] = str(os.getpid())
+    return rank
+
+
+def attach_info_from_env() -> AttachInfo | None:
+    address = os.environ.get(ENV_ADDRESS)
+    token = os.environ.get(ENV_TOKEN)
+    if not address or token is None:
+        return None
+    pid = os.environ.get(ENV_LOGGER_PID)
+    return AttachInfo(
+        address=address,
+        token=token,
+        run_id=os.environ.get(ENV_RUN_ID, ""),
+        max_record_bytes=int(os.environ.get(ENV_MAX_RECORD_BYTES, DEFAULT_MAX_RECORD_BYTES)),
+        logger_pid=int(pid) if pid and pid.isdigit() else None,
+        logger_host=os.environ.get(ENV_HOST),
+    )
+
+
+def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
+    """Attach this process to the funnel it can see, or start a private one.
+
+    In a process started after a Funnel (it finds ``WANDB_FUNNEL_ADDRESS``), this attaches as a
+    rank: ``rank`` if given, else ``RANK`` from the environment, else the next one the logger
+    assigns. ``config=`` is applied to the run; other wandb.init arguments belong to the owner
+    and are ignored with a warning. With no funnel around it starts a private one, so a
+    single-process script works exactly like ``wandb.init``. While this process has an
+    unfinished Run, ``init`` returns it.
+
+    Raises:
+        TypeError, ValueError: bad arguments, named.
+        LoggerStartError: a private funnel could not open its run.
+    """
+    if rank is not None and (type(rank) is not int or rank < 0):
+        raise ValueError(f"wandb_funnel: rank must be a non-negative int, got {rank!r}")
+    with _lock:
+        run = current_run()
+        if run is not None:
+            _apply_config(run, wandb_init_kwargs)
+            return run
+        info = attach_info_from_env()
+        if info is None:
+            if multiprocessing.parent_process() is not None:
+                warnings.warn(
+                    "wandb-funnel: no funnel found in this child process (was the Funnel "
+                    "started after this process, or after a forkserver?); starting a "
+                    "private run for it",
+                    FunnelWarning,
+                    stacklevel=2,
+                )
+            from ._funnel import Funnel
+
+            funnel = Funnel(**wandb_init_kwargs).start()
+            run = funnel.run
+        else:
+            run = Run(info, requested_rank=rank if rank is not None else _env_rank())
+            _apply_config(run, wandb_init_kwargs)
+        _set_current(run)
+        return run
+
+
+def _apply_config(run: Run, kwargs: dict[str, Any]) -> None:
+    kwargs = dict(kwargs)
+    config = kwargs.pop("config", None)
+    ignored = sorted(k for k in kwargs if k not in _FUNNEL_KWARGS)
+    if ignored:
+        warnings.warn(
+            f"wandb-funnel: init() attached to an existing funnel; these arguments belong to "
+            f"its owner and were ignored: {', '.join(ignored)}",
+            FunnelWarning,
+            stacklevel=3,
+        )
+    if config is not None:
+        run.config.update(vars(config) if hasattr(config, "__dict__") and not isinstance(config, dict) else config)
+
+
+def log(data: dict[str, Any], step: int | None = None, commit: bool | None = None) -> None:
+    """Log through this process's current Run, attaching on first use (see ``Run.log``)."""
+    run = current_run()
+    if run is None:
+        run = init()
+    run.log(data, step=step, commit=commit)
+
+
+def finish(exit_code: int | None = None) -> None:
+    """Finish this process's current Run, if any (the owner's: close the funnel)."""
+    run = current_run()
+    if run is not None:
+        run.finish(exit_code)
+        forget_run(run)

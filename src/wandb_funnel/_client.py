@@ -1,0 +1,273 @@
+"""The worker side: a Stream is one rank's connection to the logger, plus this process's
+flusher thread and exit hooks.
+
+``log()`` never waits for the logger. Records are packed at the call site and batched; a batch
+leaves when it is full, or within FLUSH_INTERVAL through the flusher thread, or at exit. When
+ZeroMQ's queue is full (a slow or dead logger) the batch is dropped and counted; its sequence
+numbers tell the logger exactly how many records it never got. A socket inherited through fork
+is never used: a forked child gets its own streams.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import warnings
+import weakref
+from typing import Any
+
+from . import _codec, _lifecycle
+from ._config import (
+    BATCH_BYTES,
+    BATCH_RECORDS,
+    FINAL_FLUSH_TIMEOUT,
+    FLUSH_INTERVAL,
+    SEND_HWM,
+)
+from ._records import Goodbye, Hello, Welcome
+from ._transport import ClientSocket, term_process_context
+from .errors import ClientClosedError, FunnelWarning
+
+_HOSTNAME = socket.gethostname()
+
+
+class Stream:
+    """One rank's ordered channel to the logger. Thread-safe; owned by the process that made it."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        token: str,
+        requested_rank: int | None,
+        logger_pid: int | None = None,
+        logger_host: str | None = None,
+    ) -> None:
+        self.pid = os.getpid()
+        self.endpoint = endpoint
+        self._logger_pid = logger_pid
+        self._logger_host = logger_host
+        # ZeroMQ reserves routing ids that start with a zero byte.
+        self._identity = b"\x01" + os.urandom(11)
+        self._lock = threading.RLock()
+        self._buf: list[bytes] = []
+        self._buf_bytes = 0
+        self._buf_since = 0.0
+        self._seq = 0  # records numbered so far: sent or dropped
+        self.dropped = 0
+        self._warned_drop = False
+        self._rank = requested_rank
+        self._welcomed = False
+        self.closed = False
+        self._sock = ClientSocket(endpoint, self._identity, SEND_HWM)
+        hello = Hello(
+            token, self.pid, _HOSTNAME, requested_rank, _lifecycle.pid_start_time(self.pid)
+        )
+        self._sock.try_send(_codec.encode_hello(hello))  # a fresh queue always has room
+        _register(self)
+
+    # -- the hot path ----------------------------------------------------------------------
+    def push(self, packed: bytes) -> None:
+        """Queue one packed record; sends the batch when it is full. Never blocks on the logger."""
+        with self._lock:
+            if self.closed:
+                raise ClientClosedError("wandb_funnel: log() on a finished run")
+            if not self._buf:
+                self._buf_since = time.monotonic()
+            self._buf.append(packed)
+            self._buf_bytes += len(packed)
+            if len(self._buf) >= BATCH_RECORDS or self._buf_bytes >= BATCH_BYTES:
+                self._send_batch(0.0)
+
+    def _send_batch(self, timeout: float) -> None:
+        # Caller holds the lock.
+        count = len(self._buf)
+        if not count:
+            return
+        frame = _codec.encode_batch(self._seq, self._buf)
+        self._seq += count
+        self._buf = []
+        self._buf_bytes = 0
+        if not self._sock.send_within(frame, timeout):
+            self.dropped += count
+            if not self._warned_drop:
+                self._warned_drop = True
+                _warn(
+                    f"rank {self._rank_text()}: the logger is not taking records "
+                    f"(queue full or logger gone); dropping and counting them"
+                )
+
+    def send_control(self, frame: bytes) -> bool:
+        """Send a config/summary update after everything logged before it."""
+        with self._lock:
+            if self.closed:
+                raise ClientClosedError("wandb_funnel: update on a finished run")
+            self._send_batch(0.0)
+            return self._sock.send_within(frame, 0.0)
+
+    def flush(self, timeout: float = 0.0) -> None:
+        """Send whatever is buffered now (waiting at most ``timeout`` for queue room)."""
+        with self._lock:
+            if not self.closed:
+                self._send_batch(timeout)
+
+    def flush_if_stale(self, now: float) -> None:
+        if not self._lock.acquire(timeout=FLUSH_INTERVAL):
+            return
+        try:
+            if self._buf and not self.closed and now - self._buf_since >= FLUSH_INTERVAL:
+                self._send_batch(0.0)
+        finally:
+            self._lock.release()
+
+    # -- the end of a stream ---------------------------------------------------------------
+    def close(self, reason: str, timeout: float = FINAL_FLUSH_TIMEOUT) -> None:
+        """Send what is left and a goodbye, then close; bounded by ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            return
+        try:
+            if self.closed:
+                return
+            alive = self.logger_alive()
+            wait = timeout if alive else 0.0
+            self._send_batch(wait)
+            sent_goodbye = self._sock.send_within(
+                _codec.encode_goodbye(Goodbye(self._seq, reason)),
+                max(0.0, deadline - time.monotonic()) if alive else 0.0,
+            )
+            self.closed = True
+            # A bounded linger lets the last frames leave; none when the logger is known dead.
+            self._sock.close(max(0.0, deadline - time.monotonic()) if alive else 0.0)
+            lost = self.dropped if alive else self._seq
+            if not alive and self._seq:
+                _warn(
+                    f"rank {self._rank_text()}: the logger (pid {self._logger_pid}) is gone; "
+                    f"up to {lost} records from this rank may be missing from the run"
+                )
+            elif self.dropped:
+                _warn(f"rank {self._rank_text()}: {self.dropped} records were dropped")
+            elif not sent_goodbye:
+                _warn(f"rank {self._rank_text()}: could not say goodbye to the logger")
+        finally:
+            self._lock.release()
+            _unregister(self)
+
+    def logger_alive(self) -> bool:
+        """False only when we know for sure: the logger's pid is on this host and gone."""
+        if self._logger_pid is None or self._logger_host not in (None, _HOSTNAME):
+            return True
+        return _lifecycle.pid_alive(self._logger_pid)
+
+    # -- the rank the logger assigned ------------------------------------------------------
+    def rank(self, timeout: float) -> int | None:
+        """This stream's rank: the requested one, or the logger's answer (waits, bounded)."""
+        with self._lock:
+            deadline = time.monotonic() + timeout
+            while not self._welcomed and not self.closed:
+                left = deadline - time.monotonic()
+                frame = self._sock.recv_within(left) if left > 0 else None
+                if frame is None:
+                    break
+                try:
+                    message = _codec.decode(frame, 1 << 16)
+                except _codec.DecodeError:
+                    continue
+                if isinstance(message, Welcome):
+                    self._rank = message.rank
+                    self._welcomed = True
+            return self._rank
+
+    def _rank_text(self) -> str:
+        return "?" if self._rank is None else str(self._rank)
+
+    @property
+    def produced(self) -> int:
+        return self._seq + len(self._buf)
+
+
+def _warn(message: str) -> None:
+    warnings.warn(f"wandb-funnel: {message}", FunnelWarning, stacklevel=3)
+
+
+# -- this process's streams, its flusher thread, and its exit ----------------------------
+
+_streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+_registry_lock = threading.Lock()
+_flusher: threading.Thread | None = None
+_flusher_pid = -1
+_stop_flusher = threading.Event()
+
+
+def _reset_in_child() -> None:
+    # The parent's streams, lock and thread did not come along in any usable state.
+    global _streams, _registry_lock, _flusher, _flusher_pid, _stop_flusher
+    _streams = weakref.WeakSet()
+    _registry_lock = threading.Lock()
+    _flusher, _flusher_pid = None, -1
+    _stop_flusher = threading.Event()
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def _register(stream: Stream) -> None:
+    global _flusher, _flusher_pid
+    with _registry_lock:
+        _streams.add(stream)
+        if _flusher_pid != os.getpid():
+            _flusher_pid = os.getpid()
+            _stop_flusher.clear()
+            _flusher = threading.Thread(target=_flush_loop, name="wandb-funnel-flush", daemon=True)
+            _flusher.start()
+    # Streams close before a funnel the same process owns (priority 0 < 10).
+    _lifecycle.add_shutdown_callback(_close_all_on_exit, priority=0)
+    _lifecycle.add_flush_callback(flush_all)
+
+
+def _unregister(stream: Stream) -> None:
+    with _registry_lock:
+        _streams.discard(stream)
+
+
+def _flush_loop() -> None:
+    stop = _stop_flusher
+    while not stop.wait(FLUSH_INTERVAL / 2):
+        now = time.monotonic()
+        with _registry_lock:
+            streams = list(_streams)
+        for stream in streams:
+            try:
+                stream.flush_if_stale(now)
+            except Exception as exc:  # never let the flusher die silently
+                print(f"wandb-funnel: flusher: {exc!r}", file=sys.stderr)
+
+
+def open_streams() -> list[Stream]:
+    with _registry_lock:
+        return [s for s in _streams if s.pid == os.getpid() and not s.closed]
+
+
+def flush_all() -> None:
+    """Send every stream's buffered records now, without closing anything."""
+    for stream in open_streams():
+        stream.flush(0.0)
+
+
+def close_all(reason: str, timeout: float = FINAL_FLUSH_TIMEOUT) -> None:
+    """Close every stream of this process and let their frames leave; bounded by ``timeout``."""
+    deadline = time.monotonic() + timeout
+    for stream in open_streams():
+        stream.close(reason, max(0.0, deadline - time.monotonic()))
+    _stop_flusher.set()
+    term_process_context(max(0.1, deadline - time.monotonic()))
+
+
+def _close_all_on_exit(exit_code: int, reason: str) -> None:
+    close_all(reason if exit_code == 0 else f"{reason} (exit code {exit_code})")
+
+
+def stream_info(stream: Stream) -> dict[str, Any]:
+    return {"rank": stream._rank, "produced": stream.produced, "dropped": stream.dropped}

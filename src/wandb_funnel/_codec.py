@@ -1,0 +1,281 @@
+"""Wire encoding: records and control messages to msgpack frames and back; the only msgpack user.
+
+A frame is one ZeroMQ message body: a msgpack header array ``[version, kind, ...]``, followed,
+for a record batch, by the records themselves packed back to back. Records are packed once, at
+the ``log()`` call, so that bad input fails at the call site and a batch is a cheap byte join.
+Nothing here does I/O, and nothing here ever unpickles.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgpack
+
+from ._records import (
+    CLOSE,
+    CONFIG,
+    DONE,
+    GOODBYE,
+    HELLO,
+    PROTOCOL_VERSION,
+    RECORDS,
+    SUMMARY,
+    WELCOME,
+    Close,
+    ConfigUpdate,
+    Done,
+    Goodbye,
+    Hello,
+    Message,
+    Record,
+    RecordBatch,
+    SummaryUpdate,
+    Welcome,
+)
+
+MAX_STEP: Final = 2**63 - 1
+# The most records one batch frame may declare; a frame claiming more is junk.
+MAX_BATCH_RECORDS: Final = 1 << 20
+
+
+class DecodeError(ValueError):
+    """A frame that is not a valid message of this protocol version."""
+
+
+# ---- encoding (client side) ----------------------------------------------------------------
+
+_local = threading.local()
+
+
+def _scalar_item(obj: Any) -> Any:
+    """msgpack ``default`` hook: numpy scalars, 0-d arrays and 0-d tensors become Python numbers.
+
+    ``.item()`` on a CUDA tensor copies it to the host and waits for the GPU: that sync is the
+    price of logging a CUDA value, paid where the value is logged.
+    """
+    if getattr(obj, "ndim", None) == 0 and hasattr(obj, "item"):
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__module__}.{type(obj).__qualname__}")
+
+
+def _packer() -> msgpack.Packer:
+    # One packer per thread: a Packer keeps an internal buffer and is not thread-safe.
+    packer: msgpack.Packer | None = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(default=_scalar_item, use_bin_type=True)
+    return packer
+
+
+def _check_keys(data: Mapping[Any, Any], path: str) -> None:
+    for key, value in data.items():
+        if type(key) is not str:
+            where = f" in {path!r}" if path else ""
+            raise TypeError(
+                f"wandb_funnel: keys must be str, got {type(key).__name__} key {key!r}{where}"
+            )
+        if isinstance(value, Mapping):
+            _check_keys(value, f"{path}.{key}" if path else key)
+
+
+def _find_unencodable(data: Mapping[str, Any], path: str = "") -> tuple[str, Any] | None:
+    """Slow path after a failed pack: name the key whose value could not be encoded."""
+    packer = msgpack.Packer(default=_scalar_item, use_bin_type=True)
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else key
+        try:
+            packer.pack(value)
+        except Exception:
+            if isinstance(value, Mapping):
+                inner = _find_unencodable(value, full)
+                if inner is not None:
+                    return inner
+            return full, value
+    return None
+
+
+def _pack_checked(obj: Any, data: Mapping[str, Any], what: str) -> bytes:
+    try:
+        return _packer().pack(obj)  # type: ignore[no-any-return]
+    except Exception as exc:
+        # A failed pack can leave the packer's buffer dirty: drop it.
+        _local.packer = None
+        bad = _find_unencodable(data)
+        if bad is None:
+            raise TypeError(f"wandb_funnel: cannot encode {what}: {exc}") from exc
+        key, value = bad
+        kind = type(value)
+        if isinstance(exc, OverflowError) or type(value) is int:
+            raise ValueError(
+                f"wandb_funnel: value for key {key!r} is out of range for a 64-bit integer: "
+                f"{value!r}"
+            ) from exc
+        raise TypeError(
+            f"wandb_funnel: cannot encode value for key {key!r}: "
+            f"{kind.__module__}.{kind.__qualname__} is not a number, bool, str, None, "
+            f"dict, list, numpy scalar or 0-d tensor"
+        ) from exc
+
+
+def check_data(data: Any, what: str = "log data") -> dict[str, Any]:
+    """Validate a user dict at the call site and return it as a plain dict."""
+    if not isinstance(data, Mapping):
+        raise TypeError(f"wandb_funnel: {what} must be a dict, got {type(data).__name__}")
+    _check_keys(data, "")
+    return data if type(data) is dict else dict(data)
+
+
+def check_step(step: Any) -> int:
+    """Validate an explicit ``step=`` argument: a non-negative int that fits in 63 bits."""
+    if isinstance(step, bool) or not hasattr(step, "__index__"):
+        raise TypeError(f"wandb_funnel: step must be an int, got {type(step).__name__} {step!r}")
+    value = step.__index__()
+    if value < 0 or value > MAX_STEP:
+        raise ValueError(f"wandb_funnel: step must be between 0 and 2**63-1, got {value!r}")
+    return int(value)
+
+
+def encode_record(
+    step: int, committed: bool, data: dict[str, Any], max_record_bytes: int
+) -> bytes:
+    """Pack one ``log()`` record; raises TypeError/ValueError naming the key at fault."""
+    packed = _pack_checked((step, committed, data), data, "log data")
+    if len(packed) > max_record_bytes:
+        raise ValueError(
+            f"wandb_funnel: record at step {step} is {len(packed)} bytes encoded, over "
+            f"max_record_bytes={max_record_bytes}"
+        )
+    return packed
+
+
+def encode_batch(first_seq: int, packed_records: list[bytes]) -> bytes:
+    header = msgpack.packb((PROTOCOL_VERSION, RECORDS, first_seq, len(packed_records)))
+    return header + b"".join(packed_records)  # type: ignore[no-any-return]
+
+
+def encode_hello(hello: Hello) -> bytes:
+    return msgpack.packb(  # type: ignore[no-any-return]
+        (
+            PROTOCOL_VERSION,
+            HELLO,
+            hello.token,
+            hello.pid,
+            hello.host,
+            hello.requested_rank,
+            hello.pid_start,
+        )
+    )
+
+
+def encode_update(kind: int, data: dict[str, Any], max_record_bytes: int) -> bytes:
+    """Pack a config or summary update (kind CONFIG or SUMMARY)."""
+    what = "config" if kind == CONFIG else "summary"
+    packed = _pack_checked((PROTOCOL_VERSION, kind, data), data, what)
+    if len(packed) > max_record_bytes:
+        raise ValueError(
+            f"wandb_funnel: {what} update is {len(packed)} bytes, over "
+            f"max_record_bytes={max_record_bytes}"
+        )
+    return packed
+
+
+def encode_goodbye(goodbye: Goodbye) -> bytes:
+    return msgpack.packb(  # type: ignore[no-any-return]
+        (PROTOCOL_VERSION, GOODBYE, goodbye.produced, goodbye.reason)
+    )
+
+
+def encode_close(close: Close) -> bytes:
+    return msgpack.packb(  # type: ignore[no-any-return]
+        (PROTOCOL_VERSION, CLOSE, close.token, close.exit_code, close.budget)
+    )
+
+
+def encode_welcome(welcome: Welcome) -> bytes:
+    return msgpack.packb((PROTOCOL_VERSION, WELCOME, welcome.rank))  # type: ignore[no-any-return]
+
+
+def encode_done(done: Done) -> bytes:
+    return msgpack.packb((PROTOCOL_VERSION, DONE, done.stats))  # type: ignore[no-any-return]
+
+
+# ---- decoding (logger side, and the client's replies) --------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _want(cond: bool, msg: str) -> None:
+    if not cond:
+        raise DecodeError(msg)
+
+
+def _decode_record(obj: Any) -> Record:
+    _want(type(obj) is list and len(obj) == 3, f"record is not [step, committed, data]: {obj!r:.80}")
+    step, committed, data = obj
+    _want(_is_int(step) and 0 <= step <= MAX_STEP, f"record step is not a valid step: {step!r:.40}")
+    _want(type(committed) is bool, "record commit flag is not a bool")
+    _want(type(data) is dict, "record data is not a map")
+    _want(all(type(k) is str for k in data), "record data has a non-str key")
+    return Record(step, committed, data)
+
+
+def decode(frame: bytes, max_frame_bytes: int) -> Message:
+    """Decode one frame; anything malformed raises DecodeError, never anything else."""
+    if len(frame) > max_frame_bytes:
+        raise DecodeError(f"frame of {len(frame)} bytes is over the {max_frame_bytes}-byte limit")
+    try:
+        unpacker = msgpack.Unpacker(
+            raw=False, strict_map_key=False, max_buffer_size=max(len(frame), 1)
+        )
+        unpacker.feed(frame)
+        header = unpacker.unpack()
+        _want(type(header) is list and len(header) >= 2, "header is not [version, kind, ...]")
+        version, kind = header[0], header[1]
+        _want(version == PROTOCOL_VERSION, f"protocol version {version!r:.20} is not supported")
+        body = header[2:]
+        if kind == RECORDS:
+            _want(len(body) == 2, "records header needs first_seq and count")
+            first_seq, count = body
+            _want(_is_int(first_seq) and first_seq >= 0, "first_seq is not a count")
+            _want(_is_int(count) and 0 <= count <= MAX_BATCH_RECORDS, "bad record count")
+            records = [_decode_record(unpacker.unpack()) for _ in range(count)]
+            _want(unpacker.tell() == len(frame), "trailing bytes after the records")
+            return RecordBatch(first_seq, records)
+        _want(unpacker.tell() == len(frame), "trailing bytes after the message")
+        if kind == HELLO:
+            _want(len(body) == 5, "hello needs 5 fields")
+            token, pid, host, rank, pid_start = body
+            _want(type(token) is str and _is_int(pid) and type(host) is str, "bad hello fields")
+            _want(rank is None or (_is_int(rank) and 0 <= rank <= MAX_STEP), "bad hello rank")
+            _want(pid_start is None or _is_int(pid_start), "bad hello start time")
+            return Hello(token, pid, host, rank, pid_start)
+        if kind in (CONFIG, SUMMARY):
+            _want(len(body) == 1 and type(body[0]) is dict, "update is not a map")
+            _want(all(type(k) is str for k in body[0]), "update has a non-str key")
+            return ConfigUpdate(body[0]) if kind == CONFIG else SummaryUpdate(body[0])
+        if kind == GOODBYE:
+            _want(len(body) == 2 and _is_int(body[0]) and type(body[1]) is str, "bad goodbye")
+            _want(body[0] >= 0, "bad goodbye count")
+            return Goodbye(body[0], body[1])
+        if kind == CLOSE:
+            _want(len(body) == 3, "close needs 3 fields")
+            token, code, budget = body
+            _want(type(token) is str and _is_int(code), "bad close fields")
+            _want(type(budget) in (int, float) and math.isfinite(budget), "bad close budget")
+            return Close(token, code, float(budget))
+        if kind == WELCOME:
+            _want(len(body) == 1 and _is_int(body[0]), "bad welcome")
+            return Welcome(body[0])
+        if kind == DONE:
+            _want(len(body) == 1 and type(body[0]) is dict, "bad done")
+            return Done(body[0])
+        raise DecodeError(f"unknown message kind {kind!r:.20}")
+    except DecodeError:
+        raise
+    except Exception as exc:  # truncated data, bad utf-8, depth bombs, anything msgpack raises
+        raise DecodeError(f"{type(exc).__name__}: {exc}") from exc

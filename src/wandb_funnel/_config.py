@@ -1,0 +1,61 @@
+"""The one place for defaults, limits and the WANDB_FUNNEL_* environment variables."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- environment variables a Funnel exports to the processes started after it --------------
+ENV_ADDRESS: Final = "WANDB_FUNNEL_ADDRESS"  # the ZeroMQ endpoint clients connect to
+ENV_TOKEN: Final = "WANDB_FUNNEL_TOKEN"  # per-funnel secret every HELLO must carry
+ENV_RUN_ID: Final = "WANDB_FUNNEL_RUN_ID"  # the wandb run id, known before the logger starts
+ENV_LOGGER_PID: Final = "WANDB_FUNNEL_LOGGER_PID"  # lets a client skip lingering on a dead logger
+ENV_HOST: Final = "WANDB_FUNNEL_HOST"  # hostname of the logger (pids are only meaningful there)
+ENV_MAX_RECORD_BYTES: Final = "WANDB_FUNNEL_MAX_RECORD_BYTES"
+# Set by a process that took its rank from RANK; a child that inherits RANK but has another
+# pid (a DataLoader worker, a Pool) then gets a fresh rank instead of colliding with its parent.
+ENV_RANK_PID: Final = "WANDB_FUNNEL_RANK_PID"
+
+EXPORTED_ENV: Final = (
+    ENV_ADDRESS,
+    ENV_TOKEN,
+    ENV_RUN_ID,
+    ENV_LOGGER_PID,
+    ENV_HOST,
+    ENV_MAX_RECORD_BYTES,
+)
+
+# --- defaults -------------------------------------------------------------------------------
+DEFAULT_STEP_KEY: Final = "global_step"
+DEFAULT_CLOSE_TIMEOUT: Final = 30.0  # seconds for close(): stragglers + drain + wandb finish
+DEFAULT_START_TIMEOUT: Final = 90.0  # seconds for the logger to open its run (wandb's init_timeout)
+DEFAULT_MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank
+DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the oldest is forced
+
+# Client batching: a batch is sent when it holds BATCH_RECORDS records, or BATCH_BYTES bytes,
+# or FLUSH_INTERVAL seconds after its first record (by the per-process flusher thread).
+BATCH_RECORDS: Final = 64
+BATCH_BYTES: Final = 256 * 1024
+FLUSH_INTERVAL: Final = 0.1
+# Batches queued in ZeroMQ per stream before log() starts dropping (and counting) records.
+SEND_HWM: Final = 2_000
+RECV_HWM: Final = 100_000
+# How long a finishing client waits for its last batches to leave the process.
+FINAL_FLUSH_TIMEOUT: Final = 5.0
+# How long Run.rank waits for the logger's WELCOME.
+WELCOME_TIMEOUT: Final = 10.0
+
+# The logger: poll period (also how fast it notices a dead owner or rank).
+LOGGER_TICK: Final = 0.05
+# wandb's transaction log flushes every 15 s by default; a crash then loses up to 15 s.
+TRANSACTION_LOG_FLUSH_INTERVAL: Final = 1
+
+# Exit codes recorded in the run for each way a job can end.
+EXIT_OK: Final = 0
+EXIT_EXCEPTION: Final = 1
+EXIT_OWNER_LOST: Final = 1  # the owner vanished without closing (killed, or os._exit)
+EXIT_SIGINT: Final = 130  # 128 + SIGINT, the shell's convention
+EXIT_SIGTERM: Final = 143  # 128 + SIGTERM
+
+REDUCERS: Final = ("mean", "sum", "min", "max", "first")
+RUN_MODES: Final = ("auto", "shared")

@@ -1,0 +1,209 @@
+"""Process lifecycle: exit hooks, the SIGTERM hook, exit codes, and whether a pid still lives.
+
+One SIGTERM handler per process runs every registered shutdown callback (flush this process's
+streams; close the funnel it owns) and then lets the signal do what it did before: a process
+that would have died of SIGTERM still dies of it, and a user's own handler still runs. The
+library never swallows a signal.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing.util
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from ._config import EXIT_EXCEPTION, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+
+ShutdownCallback = Callable[[int, str], None]  # (exit_code, reason)
+
+_callbacks: list[tuple[int, ShutdownCallback]] = []  # (priority, callback); low runs first
+_exit_hook_pid = -1
+_previous_sigterm: Any = None
+_sigterm_pid = -1
+
+
+def _reset_in_child() -> None:
+    # Callbacks registered by the parent belong to the parent's streams and funnel.
+    global _exit_hook_pid
+    _callbacks.clear()
+    _exit_hook_pid = -1
+
+
+os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def add_shutdown_callback(callback: ShutdownCallback, priority: int) -> None:
+    """Run ``callback(exit_code, reason)`` when this process exits or dies of SIGTERM."""
+    if all(cb is not callback for _, cb in _callbacks):
+        _callbacks.append((priority, callback))
+        _callbacks.sort(key=lambda item: item[0])
+    _install_exit_hooks()
+    install_sigterm_hook()
+
+
+def remove_shutdown_callback(callback: ShutdownCallback) -> None:
+    _callbacks[:] = [(p, cb) for p, cb in _callbacks if cb is not callback]
+
+
+def run_shutdown_callbacks(exit_code: int, reason: str) -> None:
+    """Run (and forget) every callback; each runs once, and a failing one never stops the rest.
+
+    SIGINT and SIGTERM that arrive meanwhile are held back and re-delivered once the flush is
+    done (a Pool's terminate() often lands while its worker is already flushing on the way
+    out): the flush is bounded, and the signal still does what it would have done.
+    """
+    deferred: list[int] = []
+    saved = _defer_signals(deferred)
+    try:
+        while _callbacks:
+            _, callback = _callbacks.pop(0)
+            try:
+                callback(exit_code, reason)
+            except Exception as exc:  # the logging side never fails the user's exit
+                print(f"wandb-funnel: shutdown step failed: {exc!r}", file=sys.stderr)
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        for signum in deferred:
+            os.kill(os.getpid(), signum)
+
+
+def _defer_signals(deferred: list[int]) -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        if signum not in deferred:
+            deferred.append(signum)
+
+    saved: dict[int, Any] = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        current = signal.getsignal(signum)
+        if current is None or current == signal.SIG_IGN:
+            continue  # not installed from Python, or ignored: leave it alone
+        saved[signum] = current
+        signal.signal(signum, hold)
+    return saved
+
+
+def exit_code_from_exception(exc: BaseException | None) -> int:
+    """The run's exit code for a block or interpreter that ended with ``exc``."""
+    if exc is None:
+        return EXIT_OK
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_SIGINT
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return EXIT_OK
+        return code if isinstance(code, int) else EXIT_EXCEPTION
+    return EXIT_EXCEPTION
+
+
+def _at_interpreter_exit() -> None:
+    if os.getpid() != _exit_hook_pid:
+        return  # inherited through fork: the parent's exit, not ours
+    # An uncaught exception leaves sys.last_value (3.11) / sys.last_exc (3.12+) behind.
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    run_shutdown_callbacks(exit_code_from_exception(exc), "interpreter exit")
+
+
+def _install_exit_hooks() -> None:
+    global _exit_hook_pid
+    if _exit_hook_pid == os.getpid():
+        return
+    _exit_hook_pid = os.getpid()
+    atexit.register(_at_interpreter_exit)
+    # multiprocessing children leave through os._exit(), which skips atexit; their
+    # finalizers with an exit priority still run on the way out.
+    multiprocessing.util.Finalize(None, _at_interpreter_exit, exitpriority=100)
+
+
+def install_sigterm_hook() -> None:
+    """Hook SIGTERM in this process, once; only possible from the main thread."""
+    global _previous_sigterm, _sigterm_pid
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGTERM)
+    if current is _on_sigterm:
+        _sigterm_pid = os.getpid()
+        return
+    if current == signal.SIG_IGN:
+        return  # the process chose to survive SIGTERM: nothing to do on it
+    _previous_sigterm = current
+    _sigterm_pid = os.getpid()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    previous = _previous_sigterm
+    if callable(previous):
+        # The user's handler decides whether the process ends; we only make sure nothing
+        # buffered is lost if it does.
+        _flush_only()
+        previous(signum, frame)
+        return
+    run_shutdown_callbacks(EXIT_SIGTERM, "SIGTERM")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+_flush_callbacks: list[Callable[[], None]] = []
+
+
+def add_flush_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` (non-destructive) before a user's own SIGTERM handler."""
+    if callback not in _flush_callbacks:
+        _flush_callbacks.append(callback)
+
+
+def _flush_only() -> None:
+    for callback in list(_flush_callbacks):
+        try:
+            callback()
+        except Exception as exc:
+            print(f"wandb-funnel: flush on SIGTERM failed: {exc!r}", file=sys.stderr)
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """Fields 3.. of /proc/<pid>/stat (state first), or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 2 (comm) may contain spaces and parentheses: split after its closing paren.
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
+def pid_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), to detect pid reuse."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[19]) if fields else None  # field 22 overall: starttime
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_alive(pid: int, start_time: int | None = None) -> bool:
+    """True while ``pid`` runs (a zombie counts as dead; a reused pid does not count)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        if os.path.isdir("/proc/self"):
+            return False
+        try:  # no procfs: the portable, weaker check
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if not fields or fields[0] in (b"Z", b"X"):
+        return False
+    return start_time is None or pid_start_time(pid) in (None, start_time)

@@ -1,0 +1,137 @@
+"""The reorder buffer: merges every rank's records into one row per step, in step order.
+
+Pure logic with the clock passed in, so it is tested without processes or sleeps.
+
+A rank's *floor* is the lowest step it may still log at: the step of its last record, or the
+one after if that record committed. The smallest pending row is released when
+
+* it is below the floor of every rank that is logging (ranks that finished or are gone, and
+  ranks that attached but never logged, hold nothing back); or
+* the oldest pending row has waited ``window`` seconds (a straggler delays the run by a bounded
+  time, and a rank that logs rarely cannot stall it); or
+* more than ``max_pending_rows`` rows are held (memory stays bounded whatever the ranks do).
+
+Released rows come out in strictly increasing step order. A record for a step at or below the
+last released one is *late*: it is released on its own row, at its own step, and flagged.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class Row:
+    """One step's data: ``parts`` maps each rank to its records at that step, merged."""
+
+    step: int
+    parts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    records: int = 0
+    late: bool = False
+
+    def add(self, rank: int, data: dict[str, Any]) -> None:
+        part = self.parts.get(rank)
+        if part is None:
+            self.parts[rank] = dict(data)
+        else:
+            part.update(data)  # the same rank at the same step: later keys win, as in wandb
+        self.records += 1
+
+
+class Reorderer:
+    """Buffers rows by step until they are safe (or too old) to release. Not thread-safe."""
+
+    def __init__(self, window: float, max_pending_rows: int) -> None:
+        if window < 0:
+            raise ValueError(f"reorder window must be >= 0 seconds, got {window!r}")
+        if max_pending_rows < 1:
+            raise ValueError(f"max_pending_rows must be >= 1, got {max_pending_rows!r}")
+        self._window = window
+        self._max_rows = max_pending_rows
+        self._rows: dict[int, Row] = {}
+        self._heap: list[int] = []
+        self._arrivals: deque[tuple[float, int]] = deque()  # (first seen, step), oldest first
+        self._floors: dict[int, int] = {}  # logging ranks that may still send
+        self._late: dict[int, Row] = {}
+        self._last_released: int = -1
+        self.late_records = 0
+
+    @property
+    def pending_rows(self) -> int:
+        return len(self._rows)
+
+    @property
+    def last_released_step(self) -> int:
+        return self._last_released
+
+    def add(self, rank: int, step: int, committed: bool, data: dict[str, Any], now: float) -> None:
+        """Take one record of ``rank``."""
+        floor = step + 1 if committed else step
+        if floor > self._floors.get(rank, -1):
+            self._floors[rank] = floor
+        if step <= self._last_released:
+            late = self._late.get(step)
+            if late is None:
+                late = self._late[step] = Row(step, late=True)
+            late.add(rank, data)
+            self.late_records += 1
+            return
+        row = self._rows.get(step)
+        if row is None:
+            row = self._rows[step] = Row(step)
+            heapq.heappush(self._heap, step)
+            self._arrivals.append((now, step))
+        row.add(rank, data)
+
+    def rank_done(self, rank: int) -> None:
+        """``rank`` finished or is gone: it no longer holds rows back."""
+        self._floors.pop(rank, None)
+
+    def next_deadline(self) -> float | None:
+        """When the oldest pending row's window runs out (None when nothing is pending)."""
+        self._drop_stale_arrivals()
+        return self._arrivals[0][0] + self._window if self._arrivals else None
+
+    def pop_ready(self, now: float) -> list[Row]:
+        """Release late rows, then every pending row that is safe or overdue, in step order."""
+        out = self._take_late()
+        floor = min(self._floors.values(), default=None)
+        while self._heap:
+            step = self._heap[0]
+            safe = floor is None or step < floor
+            overdue = False
+            if not safe:
+                deadline = self.next_deadline()
+                overdue = (deadline is not None and now >= deadline) or (
+                    len(self._rows) > self._max_rows
+                )
+            if not (safe or overdue):
+                break
+            out.append(self._release_smallest())
+        return out
+
+    def pop_all(self) -> list[Row]:
+        """Release everything, in step order (at close)."""
+        out = self._take_late()
+        while self._heap:
+            out.append(self._release_smallest())
+        return out
+
+    def _release_smallest(self) -> Row:
+        step = heapq.heappop(self._heap)
+        self._last_released = step
+        return self._rows.pop(step)
+
+    def _take_late(self) -> list[Row]:
+        if not self._late:
+            return []
+        rows = [self._late[s] for s in sorted(self._late)]
+        self._late.clear()
+        return rows
+
+    def _drop_stale_arrivals(self) -> None:
+        while self._arrivals and self._arrivals[0][1] not in self._rows:
+            self._arrivals.popleft()

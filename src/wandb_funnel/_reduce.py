@@ -1,0 +1,154 @@
+"""Turns a released Row (every rank's data at one step) into the one dict wandb logs.
+
+``auto``: a key logged by one rank appears as it is; a key logged by several ranks is reduced
+(``mean`` for numbers by default, ``first`` otherwise, or whatever ``reduce`` says for the key).
+``shared``: every rank's value appears as ``{key}/rank{rank}``, plus the reductions that
+``reduce`` names explicitly. Nested dicts are flattened to ``a.b`` keys first, as wandb itself
+does in history, so that nested keys reduce too. Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._config import REDUCERS, RUN_MODES
+from ._ordering import Row
+
+Reducer = Callable[[list[Any]], Any]
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float)
+
+
+def _mean(values: list[Any]) -> Any:
+    return math.fsum(values) / len(values) if all(map(_is_number, values)) else values[0]
+
+
+def _sum(values: list[Any]) -> Any:
+    if not all(map(_is_number, values)):
+        return values[0]
+    if all(type(v) is int for v in values):
+        return sum(values)
+    return math.fsum(values)
+
+
+def _min(values: list[Any]) -> Any:
+    return min(values) if all(map(_is_number, values)) else values[0]
+
+
+def _max(values: list[Any]) -> Any:
+    return max(values) if all(map(_is_number, values)) else values[0]
+
+
+def _first(values: list[Any]) -> Any:
+    return values[0]
+
+
+_REDUCER_FUNCS: dict[str, Reducer] = {
+    "mean": _mean,
+    "sum": _sum,
+    "min": _min,
+    "max": _max,
+    "first": _first,
+}
+
+
+def check_reduce(reduce: Any) -> dict[str, str]:
+    """Validate ``reduce=`` (None, a reducer name for every key, or {key or glob: name})."""
+    if reduce is None:
+        return {}
+    if isinstance(reduce, str):
+        reduce = {"*": reduce}
+    if not isinstance(reduce, Mapping):
+        raise TypeError(
+            f"wandb_funnel: reduce must be None, a reducer name or a dict, got "
+            f"{type(reduce).__name__}"
+        )
+    out: dict[str, str] = {}
+    for key, name in reduce.items():
+        if not isinstance(key, str):
+            raise TypeError(f"wandb_funnel: reduce keys must be str, got {key!r}")
+        if name not in REDUCERS:
+            raise ValueError(
+                f"wandb_funnel: unknown reducer {name!r} for key {key!r}; "
+                f"choose one of {', '.join(REDUCERS)}"
+            )
+        out[key] = name
+    return out
+
+
+def check_run_mode(run_mode: Any) -> str:
+    if run_mode not in RUN_MODES:
+        raise ValueError(
+            f"wandb_funnel: run_mode must be one of {', '.join(map(repr, RUN_MODES))}, "
+            f"got {run_mode!r}"
+        )
+    return str(run_mode)
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``, the way wandb names nested history keys."""
+    if out is None:
+        out = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if type(value) is dict and value:
+            flatten(value, f"{full}.", out)
+        else:
+            out[full] = value
+    return out
+
+
+class RowBuilder:
+    """Builds wandb rows for one run from released Rows."""
+
+    def __init__(self, run_mode: str, reduce: Mapping[str, str], step_key: str) -> None:
+        self._mode = check_run_mode(run_mode)
+        self._explicit = dict(reduce)
+        self._globs = [(k, v) for k, v in self._explicit.items() if any(c in k for c in "*?[")]
+        self._step_key = step_key
+        self._cache: dict[str, str | None] = {}
+
+    def _reducer_for(self, key: str) -> str | None:
+        """The reducer the user asked for ``key``, or None."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        name = self._explicit.get(key)
+        if name is None:
+            for pattern, pattern_name in self._globs:
+                if fnmatch.fnmatchcase(key, pattern):
+                    name = pattern_name
+                    break
+        self._cache[key] = name
+        return name
+
+    def build(self, row: Row) -> dict[str, Any]:
+        """The dict to log for ``row``; its ``step_key`` is always the row's step."""
+        by_key: dict[str, list[Any]] = {}
+        ranks_by_key: dict[str, list[int]] = {}
+        for rank in sorted(row.parts):
+            for key, value in flatten(row.parts[rank]).items():
+                by_key.setdefault(key, []).append(value)
+                ranks_by_key.setdefault(key, []).append(rank)
+        out: dict[str, Any] = {}
+        for key, values in by_key.items():
+            if key == self._step_key:
+                continue
+            asked = self._reducer_for(key)
+            if self._mode == "shared":
+                for rank, value in zip(ranks_by_key[key], values):
+                    out[f"{key}/rank{rank}"] = value
+                if asked is not None:
+                    out[key] = _REDUCER_FUNCS[asked](values)
+            elif len(values) == 1:
+                out[key] = values[0]
+            else:
+                out[key] = _REDUCER_FUNCS[asked or "mean"](values)
+        out[self._step_key] = row.step
+        return out

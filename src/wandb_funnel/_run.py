@@ -1,0 +1,198 @@
+"""``wf.Run``: what ``wf.init`` returns; one rank's view of the single wandb run."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import _codec
+from ._config import FINAL_FLUSH_TIMEOUT, WELCOME_TIMEOUT
+from ._records import CONFIG, SUMMARY
+from .errors import ClientClosedError
+
+if TYPE_CHECKING:
+    from ._client import Stream
+    from ._funnel import Funnel
+
+
+@dataclass(frozen=True)
+class AttachInfo:
+    """Everything a process needs to reach a funnel; what a pickled Run carries."""
+
+    address: str
+    token: str
+    run_id: str
+    max_record_bytes: int
+    logger_pid: int | None = None
+    logger_host: str | None = None
+
+
+class _Config:
+    """``run.config``: ``update(dict)`` forwards to the logger's ``run.config.update``."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def update(self, data: Any) -> None:
+        self._run._send_update(CONFIG, _codec.check_data(data, "config"))
+
+
+class _Summary:
+    """``run.summary``: ``summary[key] = value`` and ``update(dict)`` reach the run's summary."""
+
+    def __init__(self, run: Run) -> None:
+        self._run = run
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._run._send_update(SUMMARY, _codec.check_data({key: value}, "summary"))
+
+    def update(self, data: Any) -> None:
+        self._run._send_update(SUMMARY, _codec.check_data(data, "summary"))
+
+
+class Run:
+    """One rank's handle on the funnel's run, used like the object ``wandb.init`` returns.
+
+    ``log`` follows ``wandb.log``'s step rules for this rank. A Run passed to another process
+    (pickled by multiprocessing) attaches that process as a rank of its own. ``finish`` ends
+    this rank's stream; only the owner's finish ends the wandb run.
+    """
+
+    def __init__(
+        self, info: AttachInfo, requested_rank: int | None, funnel: Funnel | None = None
+    ) -> None:
+        self._info = info
+        self._requested_rank = requested_rank
+        self._funnel = funnel  # set for the owner's rank-0 run: finishing it closes the funnel
+        self._stream: Stream | None = None
+        self._step = 0
+        self._finished = False
+        self.config = _Config(self)
+        self.summary = _Summary(self)
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        """The wandb run id (the same in every process of the funnel)."""
+        return self._info.run_id
+
+    @property
+    def rank(self) -> int | None:
+        """This stream's rank (asks the logger once when it was assigned; None if it never said)."""
+        return self._live_stream().rank(WELCOME_TIMEOUT)
+
+    @property
+    def step(self) -> int:
+        """The step the next ``log(data)`` without ``step=`` goes to."""
+        return self._step
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    # -- logging -------------------------------------------------------------------------------
+    def log(self, data: dict[str, Any], step: int | None = None, commit: bool | None = None) -> None:
+        """Log ``data`` at ``step`` (this rank's next step when None), like ``wandb.log``.
+
+        Raises:
+            TypeError: ``data`` is not a dict, a key is not a str, a value cannot be encoded,
+                ``step`` is not an int, or ``commit`` is not a bool.
+            ValueError: ``step`` is negative or too large, or the record is over
+                ``max_record_bytes``.
+            ClientClosedError: the run was finished.
+        """
+        if self._finished:
+            raise ClientClosedError("wandb_funnel: log() on a finished run")
+        data = _codec.check_data(data)
+        if commit is not None and type(commit) is not bool:
+            raise TypeError(f"wandb_funnel: commit must be a bool or None, got {commit!r}")
+        stream = self._live_stream()  # may reset self._step in a new process
+        current = self._step
+        if step is None:
+            at = current
+            committed = commit is not False
+            if committed:
+                self._step = current + 1
+        else:
+            at = _codec.check_step(step)
+            committed = commit is True  # an explicit step stays open until a later step
+            if at > current:
+                self._step = at
+            if committed and at + 1 > self._step:
+                self._step = at + 1
+        stream.push(_codec.encode_record(at, committed, data, self._info.max_record_bytes))
+
+    def _send_update(self, kind: int, data: dict[str, Any]) -> None:
+        if self._finished:
+            raise ClientClosedError("wandb_funnel: update on a finished run")
+        frame = _codec.encode_update(kind, data, self._info.max_record_bytes)
+        self._live_stream().send_control(frame)
+
+    def _live_stream(self) -> Stream:
+        from ._client import Stream
+
+        stream = self._stream
+        if stream is None or stream.pid != os.getpid():
+            # First use here, or an object that came through fork: a stream of our own, a rank
+            # of our own, steps from 0. Never the parent's socket.
+            inherited = stream is not None
+            requested = None if inherited else self._requested_rank
+            stream = self._stream = Stream(
+                self._info.address,
+                self._info.token,
+                requested,
+                self._info.logger_pid,
+                self._info.logger_host,
+            )
+            if inherited:
+                self._step = 0
+        return stream
+
+    # -- the end -------------------------------------------------------------------------------
+    def finish(self, exit_code: int | None = None) -> None:
+        """End this rank's stream (the owner's: close the whole funnel). Idempotent."""
+        if self._finished:
+            return
+        self._finished = True
+        if self._funnel is not None and self._funnel.owner_pid == os.getpid():
+            self._funnel.close(exit_code)
+            return
+        stream = self._stream
+        if stream is not None and stream.pid == os.getpid():
+            reason = "finished" if not exit_code else f"finished (exit code {exit_code})"
+            stream.close(reason, FINAL_FLUSH_TIMEOUT)
+
+    def flush(self) -> None:
+        """Send this rank's buffered records now (``log`` batches them)."""
+        stream = self._stream
+        if stream is not None and stream.pid == os.getpid():
+            stream.flush(0.0)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        from ._lifecycle import exit_code_from_exception
+
+        self.finish(exit_code_from_exception(exc))
+
+    # -- crossing into another process -------------------------------------------------------
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The child gets connection details only (no socket, no pickle of our state on the
+        # wire): it attaches as a rank of its own on first use.
+        return (_restore, (self._info,))
+
+    def __repr__(self) -> str:
+        state = "finished" if self._finished else "active"
+        return f"<wandb_funnel.Run id={self.id!r} rank={self._requested_rank!r} {state}>"
+
+
+def _restore(info: AttachInfo) -> Run:
+    return Run(info, requested_rank=None)

@@ -1,0 +1,178 @@
+"""ZeroMQ sockets and endpoints; the only module that imports zmq.
+
+Clients hold a DEALER socket per stream and the logger binds one ROUTER, so the logger sees
+every stream's identity on each frame and can answer a HELLO with the rank it assigned. Every
+socket has a bounded LINGER (pyzmq's default is forever, the classic hang at exit), bounded
+high-water marks, and every receive here is either non-blocking or polled with a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from typing import Final
+
+import zmq
+
+# A Unix socket path must fit in sockaddr_un.sun_path (108 bytes with the NUL).
+_MAX_IPC_PATH: Final = 100
+_SOCKET_NAME: Final = "logger.sock"
+
+_lock = threading.Lock()
+_context: zmq.Context[zmq.Socket[bytes]] | None = None
+_context_pid: int = -1
+# Contexts inherited through fork. They are kept referenced, never used and never closed: the
+# child must not touch the parent's ZeroMQ state (its I/O threads did not survive the fork).
+_orphans: list[object] = []
+
+
+def _forget_inherited() -> None:
+    global _context, _context_pid, _lock
+    if _context is not None:
+        _orphans.append(_context)
+    _context, _context_pid = None, -1
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_inherited)
+
+
+def process_context() -> zmq.Context[zmq.Socket[bytes]]:
+    """This process's own ZeroMQ context (never one inherited through fork)."""
+    global _context, _context_pid
+    with _lock:
+        if _context is None or _context_pid != os.getpid():
+            if _context is not None:
+                _orphans.append(_context)
+            _context = zmq.Context()
+            _context_pid = os.getpid()
+        return _context
+
+
+def term_process_context(timeout: float) -> bool:
+    """Terminate this process's context so queued frames leave before exit; bounded.
+
+    Sockets must already be closed with a bounded linger, so term() returns once their last
+    frames are sent or their linger ran out. The thread guards against anything unforeseen.
+    """
+    global _context, _context_pid
+    with _lock:
+        ctx, _context, _context_pid = _context, None, -1
+    if ctx is None:
+        return True
+    done = threading.Event()
+
+    def term() -> None:
+        try:
+            ctx.term()
+        finally:
+            done.set()
+
+    threading.Thread(target=term, name="wandb-funnel-term", daemon=True).start()
+    return done.wait(timeout)
+
+
+def private_ipc_endpoint() -> tuple[str, str]:
+    """A fresh ``ipc://`` endpoint inside a new 0700 directory; returns (endpoint, directory)."""
+    base = tempfile.gettempdir()
+    if len(base) > _MAX_IPC_PATH - 30:
+        base = "/tmp"
+    directory = tempfile.mkdtemp(prefix="wandb-funnel-", dir=base)  # mkdtemp makes it 0700
+    os.chmod(directory, 0o700)
+    return f"ipc://{os.path.join(directory, _SOCKET_NAME)}", directory
+
+
+def remove_ipc_dir(directory: str | None) -> None:
+    if directory:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+class ClientSocket:
+    """One stream's DEALER socket. Not thread-safe: the caller serialises use."""
+
+    def __init__(self, endpoint: str, identity: bytes, send_hwm: int) -> None:
+        self._sock = process_context().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)  # set again, bounded, at close
+        self._sock.setsockopt(zmq.SNDHWM, send_hwm)
+        self._sock.setsockopt(zmq.RCVHWM, 100)
+        self._sock.setsockopt(zmq.ROUTING_ID, identity)
+        try:
+            self._sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self._sock.close(linger=0)
+            raise ValueError(f"wandb_funnel: cannot connect to {endpoint!r}: {exc}") from exc
+        self._closed = False
+
+    def try_send(self, frame: bytes) -> bool:
+        """Queue ``frame`` without waiting; False when the queue is full."""
+        try:
+            self._sock.send(frame, zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            return False
+
+    def send_within(self, frame: bytes, timeout: float) -> bool:
+        """Queue ``frame``, waiting at most ``timeout`` seconds for room."""
+        if self.try_send(frame):
+            return True
+        if timeout <= 0 or not self._sock.poll(int(timeout * 1000), zmq.POLLOUT):
+            return False
+        return self.try_send(frame)
+
+    def recv_within(self, timeout: float) -> bytes | None:
+        """The next reply frame, waiting at most ``timeout`` seconds."""
+        if timeout > 0 and not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
+            return None
+        try:
+            return self._sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def close(self, linger: float) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sock.close(linger=max(0, int(linger * 1000)))
+
+
+class LoggerSocket:
+    """The logger's ROUTER: (identity, frame) in, replies out. Owned by one thread."""
+
+    def __init__(self, endpoint: str, recv_hwm: int) -> None:
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVHWM, recv_hwm)
+        self._sock.setsockopt(zmq.SNDHWM, 10_000)
+        try:
+            self._sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            self._sock.close(linger=0)
+            self._ctx.term()
+            raise OSError(f"wandb_funnel: cannot bind the logger to {endpoint!r}: {exc}") from exc
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+
+    def wait(self, timeout: float) -> bool:
+        """True when a frame is ready, within ``timeout`` seconds."""
+        return bool(self._poller.poll(max(0, int(timeout * 1000))))
+
+    def recv_nowait(self) -> tuple[bytes, list[bytes]] | None:
+        """(identity, frames) of the next message, or None when nothing is queued."""
+        try:
+            parts = self._sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        return parts[0], parts[1:]
+
+    def reply(self, identity: bytes, frame: bytes) -> None:
+        try:
+            self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the peer is gone or slow: replies are advisory
+
+    def close(self) -> None:
+        # A short linger lets the final DONE reply reach the owner.
+        self._sock.close(linger=500)
+        self._ctx.term()

@@ -1,0 +1,31 @@
+"""The exceptions wandb-funnel raises, sorted by whose fault it is."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClientClosedError",
+    "FunnelError",
+    "FunnelWarning",
+    "LoggerStartError",
+    "LoggerUnavailableError",
+]
+
+
+class FunnelError(Exception):
+    """Base class for every error raised by wandb-funnel itself."""
+
+
+class ClientClosedError(FunnelError):
+    """*You* closed it: the Run or Funnel was finished, and then used again."""
+
+
+class LoggerUnavailableError(FunnelError):
+    """The *other side* failed: the logger process is gone or never answered."""
+
+
+class LoggerStartError(FunnelError):
+    """The logger process could not start or open its wandb run."""
+
+
+class FunnelWarning(UserWarning):
+    """Something was lost or cut short; the message says what and why."""

@@ -1,0 +1,21 @@
+"""Where the logger's rows go: the Sink protocol. ``sinks.wandb`` is the real one."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Sink(Protocol):
+    """One run's destination. Called from the logger's single thread only."""
+
+    run_id: str
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Write one history row (already merged, reduced and carrying the step key)."""
+
+    def update_config(self, data: dict[str, Any]) -> None: ...
+
+    def update_summary(self, data: dict[str, Any]) -> None: ...
+
+    def finish(self, exit_code: int) -> None:
+        """Finish the run; the caller bounds how long this may take."""

@@ -1,0 +1,74 @@
+"""The wandb sink: the only module that imports wandb (and only in the owner and the logger)."""
+
+from __future__ import annotations
+
+import os
+import string
+import secrets
+from typing import Any
+
+from .._config import TRANSACTION_LOG_FLUSH_INTERVAL
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def generate_run_id() -> str:
+    """An 8-character id like wandb's own, made without importing wandb."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+def setup_service() -> None:
+    """Start (or join) wandb-core in this process, so that every process started after us,
+    the logger included, attaches to one service through ``WANDB_SERVICE``."""
+    import wandb
+
+    wandb.setup()
+
+
+def settings_to_dict(settings: Any) -> dict[str, Any]:
+    """A ``wandb.Settings`` (or a dict) as the plain dict that travels to the logger."""
+    if settings is None:
+        return {}
+    if isinstance(settings, dict):
+        return dict(settings)
+    dump = getattr(settings, "model_dump", None)
+    if dump is None:
+        raise TypeError(
+            f"wandb_funnel: settings must be a wandb.Settings or a dict, got "
+            f"{type(settings).__name__}"
+        )
+    return dict(dump(exclude_unset=True))
+
+
+class WandbSink:
+    """Owns one wandb run in the logger process."""
+
+    def __init__(self, init_kwargs: dict[str, Any], step_key: str) -> None:
+        import wandb
+
+        kwargs = dict(init_kwargs)
+        settings = settings_to_dict(kwargs.pop("settings", None))
+        # The logger owns the run and has no console worth capturing; a short transaction-log
+        # flush bounds what a crash of the logger or of wandb-core can lose to about a second.
+        settings.setdefault("console", "off")
+        settings.setdefault("x_transaction_log_flush_interval", TRANSACTION_LOG_FLUSH_INTERVAL)
+        if "mode" not in kwargs and "WANDB_MODE" not in os.environ:
+            kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
+        kwargs.setdefault("reinit", "create_new")
+        self._wandb = wandb
+        self.run = wandb.init(settings=wandb.Settings(**settings), **kwargs)
+        self.run_id: str = self.run.id
+        self.run.define_metric(step_key)
+        self.run.define_metric("*", step_metric=step_key)
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.run.log(row)
+
+    def update_config(self, data: dict[str, Any]) -> None:
+        self.run.config.update(data, allow_val_change=True)
+
+    def update_summary(self, data: dict[str, Any]) -> None:
+        self.run.summary.update(data)
+
+    def finish(self, exit_code: int) -> None:
+        self.run.finish(exit_code=exit_code)

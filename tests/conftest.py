@@ -1,0 +1,132 @@
+"""Shared fixtures: a private WANDB_DIR per test, and scripts run as real owner processes
+whose every descendant (logger, wandb-core, workers) must be gone when the test ends."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psutil
+import pytest
+
+MARK_VAR = "WANDB_FUNNEL_TEST_MARK"
+
+
+def _marked(mark: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(MARK_VAR) == mark:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def leftover_processes(mark: str, grace: float = 5.0) -> list[str]:
+    """Processes carrying ``mark`` still alive after ``grace`` seconds; all killed before return.
+
+    wandb-core notices that its parent is gone on its own schedule, so give it a grace period.
+    """
+    deadline = time.monotonic() + grace
+    while True:
+        alive = [p for p in _marked(mark) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    described = []
+    for proc in alive:
+        try:
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+        except psutil.Error:
+            pass
+    return described
+
+
+@dataclass
+class ScriptResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed: float
+    leftovers: list[str]
+
+
+class Scripts:
+    """Runs Python snippets as owner processes, with a deadline and a leftover check."""
+
+    def __init__(self, tmp_path: pathlib.Path) -> None:
+        self.tmp_path = tmp_path
+        self.wandb_dir = tmp_path
+        self.mark = uuid.uuid4().hex
+        self._count = 0
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+        env.update(
+            {
+                "WANDB_DIR": str(self.wandb_dir),
+                "WANDB_MODE": "offline",
+                "WANDB_SILENT": "true",
+                "PYTHONUNBUFFERED": "1",
+                MARK_VAR: self.mark,
+                "TMPDIR": str(self.tmp_path),
+            }
+        )
+        env.update(extra or {})
+        return env
+
+    def write(self, code: str) -> pathlib.Path:
+        self._count += 1
+        path = self.tmp_path / f"scenario_{self._count}.py"
+        path.write_text(textwrap.dedent(code))
+        return path
+
+    def start(self, code: str, extra_env: dict[str, str] | None = None,
+              new_session: bool = True) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(self.write(code))],
+            cwd=self.tmp_path,
+            env=self.env(extra_env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=new_session,  # its own process group, for killpg tests
+        )
+
+    def finish(self, proc: subprocess.Popen[str], timeout: float, t0: float) -> ScriptResult:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, err = proc.communicate()
+            leftovers = leftover_processes(self.mark, grace=0)
+            pytest.fail(
+                f"scenario hung past {timeout}s\n--- stdout\n{out}\n--- stderr\n{err}\n"
+                f"leftovers: {leftovers}"
+            )
+        elapsed = time.monotonic() - t0
+        return ScriptResult(proc.returncode, out, err, elapsed, leftover_processes(self.mark))
+
+    def run(self, code: str, timeout: float = 90, extra_env: dict[str, str] | None = None) -> ScriptResult:
+        t0 = time.monotonic()
+        return self.finish(self.start(code, extra_env), timeout, t0)
+
+
+@pytest.fixture
+def scripts(tmp_path: pathlib.Path) -> Iterator[Scripts]:
+    s = Scripts(tmp_path)
+    yield s
+    leftover_processes(s.mark, grace=0)  # never leave anything behind, even on failure

@@ -1,0 +1,175 @@
+"""The wire codec: round trips, call-site validation, and junk that must never escape."""
+
+from __future__ import annotations
+
+import math
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wandb_funnel import _codec
+from wandb_funnel._records import (
+    CONFIG,
+    Close,
+    ConfigUpdate,
+    Done,
+    Goodbye,
+    Hello,
+    RecordBatch,
+    Welcome,
+)
+
+MAX = 1 << 26
+
+
+def _batch(records: list[tuple[int, bool, dict]], first_seq: int = 0) -> RecordBatch:
+    packed = [_codec.encode_record(s, c, d, MAX) for s, c, d in records]
+    message = _codec.decode(_codec.encode_batch(first_seq, packed), MAX)
+    assert isinstance(message, RecordBatch)
+    return message
+
+
+def test_record_batch_round_trip() -> None:
+    """A batch decodes to the same steps, commit flags and data, in order."""
+    records = [(0, True, {"a": 1}), (5, False, {"b": {"c": [1.5, None, "x"]}}), (5, True, {})]
+    batch = _batch(records, first_seq=7)
+    assert batch.first_seq == 7
+    assert [(r.step, r.committed, r.data) for r in batch.records] == records
+
+
+def test_control_messages_round_trip() -> None:
+    """Every control message decodes to what was encoded."""
+    hello = Hello("tok", 12, "host", 3, 999)
+    assert _codec.decode(_codec.encode_hello(hello), MAX) == hello
+    assert _codec.decode(_codec.encode_goodbye(Goodbye(4, "done")), MAX) == Goodbye(4, "done")
+    close = Close("tok", 143, 2.5)
+    assert _codec.decode(_codec.encode_close(close), MAX) == close
+    assert _codec.decode(_codec.encode_welcome(Welcome(2)), MAX) == Welcome(2)
+    assert _codec.decode(_codec.encode_done(Done({"x": 1})), MAX) == Done({"x": 1})
+    update = _codec.encode_update(CONFIG, {"lr": 0.1}, MAX)
+    assert _codec.decode(update, MAX) == ConfigUpdate({"lr": 0.1})
+
+
+def test_numpy_scalars_and_special_floats_pass() -> None:
+    """numpy scalars and 0-d arrays become plain numbers; NaN and inf pass as in wandb."""
+    batch = _batch([(0, True, {"f": np.float32(0.5), "i": np.int64(3), "z": np.array(2.0),
+                               "nan": math.nan, "inf": -math.inf, "b": True})])
+    data = batch.records[0].data
+    assert data["f"] == 0.5 and data["i"] == 3 and data["z"] == 2.0 and data["b"] is True
+    assert math.isnan(data["nan"]) and data["inf"] == -math.inf
+
+
+def test_torch_zero_d_tensor_passes() -> None:
+    """A 0-d torch tensor is logged as its value (when torch is installed)."""
+    torch = pytest.importorskip("torch")
+    batch = _batch([(0, True, {"loss": torch.tensor(1.25)})])
+    assert batch.records[0].data["loss"] == 1.25
+
+
+@pytest.mark.parametrize(
+    ("data", "exc", "fragment"),
+    [
+        ({1: 2}, TypeError, "keys must be str"),
+        ({"a": {2: 3}}, TypeError, "in 'a'"),
+        ({"obj": object()}, TypeError, "'obj'"),
+        ({"nested": {"deep": {1, 2}}}, TypeError, "'nested.deep'"),
+        ({"arr": np.zeros(3)}, TypeError, "'arr'"),
+        ({"big": 2**70}, ValueError, "'big'"),
+    ],
+)
+def test_bad_values_name_the_key(data: dict, exc: type, fragment: str) -> None:
+    """Unencodable input raises TypeError/ValueError that names the key at fault."""
+    with pytest.raises(exc, match=fragment):
+        _codec.encode_record(0, True, _codec.check_data(data), MAX)
+
+
+def test_oversized_record_is_rejected() -> None:
+    """A record over max_record_bytes raises ValueError at the call site."""
+    with pytest.raises(ValueError, match="max_record_bytes=100"):
+        _codec.encode_record(0, True, {"s": "x" * 200}, 100)
+
+
+@pytest.mark.parametrize("step", [-1, 2**63, 1.5, "3", True, None])
+def test_bad_steps(step: object) -> None:
+    """Steps must be non-negative 63-bit ints."""
+    with pytest.raises((TypeError, ValueError)):
+        _codec.check_step(step)
+
+
+def test_non_dict_data() -> None:
+    with pytest.raises(TypeError, match="must be a dict"):
+        _codec.check_data([1, 2])
+
+
+def test_packer_recovers_after_a_failure() -> None:
+    """A failed pack does not corrupt the next record (the per-thread packer is reset)."""
+    with pytest.raises(TypeError):
+        _codec.encode_record(0, True, {"a": 1, "b": object()}, MAX)
+    batch = _batch([(1, True, {"ok": 1})])
+    assert batch.records[0].data == {"ok": 1}
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\xc1",
+        msgpack.packb([99, 2, 0, 0]),  # wrong protocol version
+        msgpack.packb([1, 2, 0, 5]),  # declares 5 records, has none
+        msgpack.packb([1, 2, 0, 2**40]),  # huge declared count
+        msgpack.packb([1, 2, 0, 1]) + msgpack.packb(["x", True, {}]),  # wrong type of step
+        msgpack.packb([1, 2, 0, 1]) + msgpack.packb([1, True, {1: 2}]),  # int key
+        msgpack.packb([1, 1, "tok", "pid", "h", None, None]),  # wrong field type
+        msgpack.packb([1, 77]),  # unknown kind
+        msgpack.packb({"a": 1}),  # header not a list
+        msgpack.packb([1, 5, 3, "x"]) + b"\x00",  # trailing bytes
+        b"\xdb\xff\xff\xff\xff",  # str32 declaring 4 GiB
+    ],
+)
+def test_junk_frames_raise_decode_error_only(frame: bytes) -> None:
+    """Malformed frames raise DecodeError, never anything else."""
+    with pytest.raises(_codec.DecodeError):
+        _codec.decode(frame, MAX)
+
+
+def test_frame_over_limit_is_junk() -> None:
+    with pytest.raises(_codec.DecodeError, match="over the"):
+        _codec.decode(b"x" * 100, 10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_random_bytes_never_escape(frame: bytes) -> None:
+    """Whatever arrives, decode returns a message or raises DecodeError."""
+    try:
+        _codec.decode(frame, MAX)
+    except _codec.DecodeError:
+        pass
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**63 - 1),
+            st.booleans(),
+            st.dictionaries(st.text(max_size=8), json_values, max_size=5),
+        ),
+        max_size=10,
+    )
+)
+def test_any_valid_records_round_trip(records: list[tuple[int, bool, dict]]) -> None:
+    """Every valid record decodes to equal data (NaN compared by repr)."""
+    batch = _batch(records)
+    assert repr([(r.step, r.committed, r.data) for r in batch.records]) == repr(records)

@@ -1,0 +1,27 @@
+"""The public surface is exactly what __all__ says, and importing it stays cheap."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import wandb_funnel
+
+
+def test_all_names_exist() -> None:
+    for name in wandb_funnel.__all__:
+        assert hasattr(wandb_funnel, name), name
+
+
+def test_public_names_are_all_exported() -> None:
+    public = {n for n in dir(wandb_funnel) if not n.startswith("_")}
+    # Submodules show up as attributes once imported; they are not API.
+    modules = {"errors", "sinks"}
+    assert public - modules - {"annotations"} == set(wandb_funnel.__all__) - {"__version__"}
+
+
+def test_worker_import_does_not_import_wandb_or_torch() -> None:
+    """A worker that imports wandb_funnel pays for zmq and msgpack, not wandb or torch."""
+    code = "import sys, wandb_funnel; print('wandb' in sys.modules, 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -1,0 +1,70 @@
+"""Row building: auto-mode reduction, shared-mode per-rank keys, flattening, validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from wandb_funnel._ordering import Row
+from wandb_funnel._reduce import RowBuilder, check_reduce, flatten
+
+
+def _row(step: int, parts: dict[int, dict]) -> Row:
+    return Row(step, parts={r: dict(d) for r, d in parts.items()})
+
+
+def test_auto_single_rank_key_is_untouched() -> None:
+    """Rank-0-only code behaves as before: one rank's keys pass through as they are."""
+    out = RowBuilder("auto", {}, "global_step").build(_row(3, {0: {"acc": 0.5, "tag": "x"}}))
+    assert out == {"acc": 0.5, "tag": "x", "global_step": 3}
+
+
+def test_auto_reduces_across_ranks_with_mean_by_default() -> None:
+    b = RowBuilder("auto", check_reduce({"tput": "sum", "m*": "max"}), "global_step")
+    out = b.build(_row(0, {0: {"loss": 1.0, "tput": 10, "mx": 1}, 1: {"loss": 3.0, "tput": 5, "mx": 7},
+                           2: {"loss": 2.0}}))
+    assert out["loss"] == pytest.approx(2.0)
+    assert out["tput"] == 15 and type(out["tput"]) is int
+    assert out["mx"] == 7
+
+
+def test_non_numbers_take_the_lowest_rank() -> None:
+    out = RowBuilder("auto", {}, "s").build(_row(0, {2: {"name": "b"}, 1: {"name": "a"}}))
+    assert out["name"] == "a"
+
+
+def test_nan_propagates_like_all_gather() -> None:
+    out = RowBuilder("auto", {}, "s").build(_row(0, {0: {"l": math.nan}, 1: {"l": 1.0}}))
+    assert math.isnan(out["l"])
+
+
+def test_shared_mode_keys_per_rank_plus_asked_reductions() -> None:
+    b = RowBuilder("shared", check_reduce({"loss": "mean"}), "global_step")
+    out = b.build(_row(1, {0: {"loss": 1.0, "acc": 0.1}, 1: {"loss": 3.0}}))
+    assert out == {"loss/rank0": 1.0, "acc/rank0": 0.1, "loss/rank1": 3.0, "loss": 2.0, "global_step": 1}
+
+
+def test_nested_dicts_flatten_and_reduce() -> None:
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": {}}) == {"a.b": 1, "a.c.d": 2, "e": {}}
+    out = RowBuilder("auto", {}, "s").build(_row(0, {0: {"eval": {"acc": 1.0}}, 1: {"eval": {"acc": 3.0}}}))
+    assert out["eval.acc"] == 2.0
+
+
+def test_step_key_is_the_row_step() -> None:
+    out = RowBuilder("auto", {}, "global_step").build(_row(9, {0: {"global_step": 123, "x": 1}}))
+    assert out["global_step"] == 9
+
+
+@pytest.mark.parametrize(
+    ("reduce", "exc"),
+    [({"loss": "median"}, ValueError), ({1: "sum"}, TypeError), (3, TypeError), ("avg", ValueError)],
+)
+def test_bad_reduce_is_rejected(reduce: object, exc: type) -> None:
+    with pytest.raises(exc):
+        check_reduce(reduce)
+
+
+def test_bad_run_mode_is_rejected() -> None:
+    with pytest.raises(ValueError, match="run_mode"):
+        RowBuilder("everything", {}, "s")
