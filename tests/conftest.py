@@ -130,3 +130,49 @@ def scripts(tmp_path: pathlib.Path) -> Iterator[Scripts]:
     s = Scripts(tmp_path)
     yield s
     leftover_processes(s.mark, grace=0)  # never leave anything behind, even on failure
+
+
+PRELUDE = """
+import json, os, signal, sys, time
+import multiprocessing as mp
+import wandb_funnel as wf
+
+def report(**kw):
+    print("REPORT " + json.dumps(kw), flush=True)
+"""
+
+
+def reports(stdout: str) -> dict:
+    """Merge every ``REPORT {json}`` line a scenario printed."""
+    import json
+
+    out: dict = {}
+    for line in stdout.splitlines():
+        if line.startswith("REPORT "):
+            out.update(json.loads(line[len("REPORT "):]))
+    return out
+
+
+def wait_for_report(proc: subprocess.Popen[str], key: str, timeout: float = 60) -> dict:
+    """Read the scenario's stdout until a REPORT carrying ``key`` arrives (bounded)."""
+    import json
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    assert proc.stdout is not None
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    seen: dict = {}
+    while time.monotonic() < deadline:
+        if not sel.select(timeout=0.2):
+            if proc.poll() is not None:
+                break
+            continue
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("REPORT "):
+            seen.update(json.loads(line[len("REPORT "):]))
+            if key in seen:
+                return seen
+    raise AssertionError(f"no REPORT with {key!r} within {timeout}s (got {seen})")

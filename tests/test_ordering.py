@@ -80,9 +80,12 @@ def test_any_interleaving_yields_every_record_in_step_order(
 def test_no_late_records_when_ranks_wait_for_each_other(
     case: tuple[list[tuple[int, int, bool]], list[float]],
 ) -> None:
-    """With an infinite window and every rank finishing, ordering is exact: nothing is late."""
+    """With an infinite window, ranks attached up front and every rank finishing, ordering is
+    exact: nothing is late."""
     order, _ = case
     buf = Reorderer(window=1e9, max_pending_rows=10**9)
+    for rank in {r for r, _, _ in order}:
+        buf.rank_attached(rank)
     out: list[Row] = []
     records = []
     for i, (rank, step, committed) in enumerate(order):
@@ -108,6 +111,19 @@ def test_row_waits_for_every_logging_rank() -> None:
     rows = buf.pop_ready(0.2)
     assert [r.step for r in rows] == [0]
     assert rows[0].parts == {0: {"a": 1}, 1: {"a": 2}}
+
+
+def test_attached_rank_that_has_not_logged_holds_rows() -> None:
+    """A rank that attached but has not logged yet still merges at step 0 (DDP start skew)."""
+    buf = Reorderer(window=5.0, max_pending_rows=100)
+    buf.rank_attached(0)
+    buf.rank_attached(1)
+    buf.add(0, 0, True, {"loss": 1.0}, 0.0)
+    buf.add(0, 1, True, {"loss": 1.0}, 0.0)
+    assert buf.pop_ready(0.05) == []
+    buf.add(1, 0, True, {"loss": 3.0}, 0.05)
+    rows = buf.pop_ready(0.05)
+    assert [r.step for r in rows] == [0] and set(rows[0].parts) == {0, 1}
 
 
 def test_straggler_delays_by_at_most_the_window() -> None:

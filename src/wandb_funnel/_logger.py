@@ -185,6 +185,7 @@ class Logger:
                 rank = self._next_rank
             self._used_ranks.add(rank)
             peer = self._peers[identity] = _Peer(rank, hello.pid, hello.host, hello.pid_start)
+            self._order.rank_attached(rank)
         self._sock.reply(identity, _codec.encode_welcome(Welcome(peer.rank)))
 
     def _records(self, peer: _Peer, batch: RecordBatch) -> None:

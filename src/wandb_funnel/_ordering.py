@@ -5,8 +5,9 @@ Pure logic with the clock passed in, so it is tested without processes or sleeps
 A rank's *floor* is the lowest step it may still log at: the step of its last record, or the
 one after if that record committed. The smallest pending row is released when
 
-* it is below the floor of every rank that is logging (ranks that finished or are gone, and
-  ranks that attached but never logged, hold nothing back); or
+* it is below the floor of every rank that is logging: every rank that attached and has not
+  finished or gone (a rank that attached but has not logged yet has floor 0, so that DDP ranks
+  starting a few milliseconds apart still merge at step 0); or
 * the oldest pending row has waited ``window`` seconds (a straggler delays the run by a bounded
   time, and a rank that logs rarely cannot stall it); or
 * more than ``max_pending_rows`` rows are held (memory stays bounded whatever the ranks do).
@@ -85,6 +86,10 @@ class Reorderer:
             heapq.heappush(self._heap, step)
             self._arrivals.append((now, step))
         row.add(rank, data)
+
+    def rank_attached(self, rank: int) -> None:
+        """``rank`` joined: until its first record it holds every row (within the window)."""
+        self._floors.setdefault(rank, 0)
 
     def rank_done(self, rank: int) -> None:
         """``rank`` finished or is gone: it no longer holds rows back."""

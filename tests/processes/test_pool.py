@@ -1,0 +1,153 @@
+"""multiprocessing Pools and Processes funnel into one run: every record, in step order."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+import sys
+
+import pytest
+
+from tests.conftest import PRELUDE, Scripts, reports
+from tests.wandb_reader import only_run
+
+pytestmark = pytest.mark.processes
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+def test_pool_workers_log_every_step(scripts: Scripts, method: str) -> None:
+    """Pool workers started by each start method log through wf.log; the run has every
+    record, one row per step, in step order, exit code 0, and nothing is left behind."""
+    res = scripts.run(PRELUDE + f"""
+def work(n):
+    wf.log({{"score": n * n}}, step=n)
+    return os.getpid()
+
+if __name__ == "__main__":
+    with wf.Funnel(project="t") as funnel:
+        report(address=funnel.address, logger_pid=funnel.logger_pid)
+        funnel.log({{"lr": 0.1}}, step=0)
+        with mp.get_context("{method}").Pool(3) as pool:
+            pids = pool.map(work, range(60), chunksize=4)
+    report(stats=funnel.stats, workers=len(set(pids)))
+""")
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    run = only_run(scripts.wandb_dir)
+    steps = [row["global_step"] for row in run.history]
+    assert steps == list(range(60))
+    assert [v for _, v in run.column("score")] == [n * n for n in range(60)]
+    assert run.column("lr") == [(0, 0.1)]
+    assert run.exit_code == 0
+    assert run.summary["funnel/records"] == 61
+    assert run.summary["funnel/dropped_records"] == 0
+    assert run.summary["funnel/ranks"] == 1 + info["workers"]
+    assert info["stats"]["funnel/records"] == 61
+    assert res.leftovers == []
+    assert not os.path.exists(info["address"][len("ipc://"):])
+    assert not os.path.exists(os.path.dirname(info["address"][len("ipc://"):]))
+
+
+def test_example_pool_spawn_4x200(scripts: Scripts) -> None:
+    """The README demo: 4 spawn workers x 200 steps read back with all 800 records, one row
+    per step in step order, loss reduced by mean and throughput by sum, exit code 0."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "pool_spawn.py"), "--workers", "4", "--steps", "200"],
+        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    run = only_run(scripts.wandb_dir)
+    assert [row["global_step"] for row in run.history] == list(range(200))
+    assert run.exit_code == 0
+    assert run.summary["funnel/records"] == 801
+    assert run.summary["funnel/dropped_records"] == 0
+    assert run.summary["funnel/late_records"] == 0
+    for row in run.history:
+        assert row["throughput"] == 400.0  # 4 workers x 100, reduce="sum"
+        per_worker = [row[f"worker_loss.w{w}"] for w in range(4)]
+        assert row["loss"] == pytest.approx(sum(per_worker) / 4)  # default mean
+    assert run.config["workers"] == 4
+
+
+def test_spawn_process_pattern(scripts: Scripts) -> None:
+    """W&B's "Spawn process" pattern: each Pool task's init() is a new rank, steps from 0,
+    in one shared-mode run with per-rank keys, and each task's config lands in the run."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "spawn_process.py"), "--tasks", "6"],
+        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ranks [1, 2, 3, 4, 5, 6]" in proc.stdout
+    run = only_run(scripts.wandb_dir)
+    for rank in range(1, 7):
+        col = run.column(f"acc/rank{rank}")
+        assert [s for s, _ in col] == list(range(10)), (rank, col)
+    assert {f"task_{i}_seed" for i in range(6)} <= set(run.config)
+    assert run.summary["funnel/records"] == 60
+    assert run.exit_code == 0
+
+
+def test_share_run_pattern(scripts: Scripts) -> None:
+    """W&B's "Share a run" pattern: a Run passed to spawned children; their records land."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "share_run.py"), "--children", "2"],
+        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "exit codes [0, 0]" in proc.stdout
+    run = only_run(scripts.wandb_dir)
+    for child in range(2):
+        assert sorted(s for s, _ in run.column(f"child{child}/seen")) == list(range(20))
+    assert run.summary["funnel/records"] == 60
+    assert run.summary["funnel/dropped_records"] == 0
+
+
+def test_fork_child_never_reuses_parent_socket(scripts: Scripts) -> None:
+    """A forked child that uses the owner's Run object (inherited) and wf.log attaches as a
+    new rank on its own socket; all records arrive."""
+    res = scripts.run(PRELUDE + """
+def child(run):
+    run.log({"via_inherited_run": 1}, step=1)
+    wf.log({"via_wf_log": 2}, step=2)
+
+if __name__ == "__main__":
+    with wf.Funnel(project="t") as funnel:
+        funnel.log({"owner": 0}, step=0)   # the owner's socket exists before the fork
+        ctx = mp.get_context("fork")
+        p = ctx.Process(target=child, args=(funnel.run,))
+        p.start(); p.join(30)
+        funnel.log({"owner": 3}, step=3)
+    report(exitcode=p.exitcode, stats=funnel.stats)
+""")
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["exitcode"] == 0
+    run = only_run(scripts.wandb_dir)
+    assert run.column("via_inherited_run") == [(1, 1)]
+    assert run.column("via_wf_log") == [(2, 2)]
+    assert info["stats"]["funnel/ranks"] == 3  # owner, inherited Run, wf.log
+    assert info["stats"]["funnel/junk_frames"] == 0
+
+
+def test_socket_dir_is_private(scripts: Scripts) -> None:
+    """The IPC socket lives in a 0700 directory while the funnel runs, and is gone after."""
+    res = scripts.run(PRELUDE + """
+if __name__ == "__main__":
+    with wf.Funnel(project="t") as funnel:
+        path = funnel.address[len("ipc://"):]
+        st = os.stat(os.path.dirname(path))
+        report(mode=st.st_mode & 0o777, exists=os.path.exists(path), path=path)
+""")
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["mode"] == 0o700 and info["exists"]
+    assert not os.path.exists(os.path.dirname(info["path"]))
+    assert stat.S_IMODE(0o700) == info["mode"]
