@@ -106,11 +106,31 @@ def exit_code_from_exception(exc: BaseException | None) -> int:
     return EXIT_EXCEPTION
 
 
+_sys_exit_status: list[object] = []
+
+
+def _hook_sys_exit() -> None:
+    """Remember the status passed to sys.exit(), as wandb's own exit hooks do: at atexit time
+    it is otherwise gone, and the run's exit code should match the process's."""
+    original = sys.exit
+    if getattr(original, "_wandb_funnel", False):
+        return
+
+    def exit(status: object = None) -> None:
+        _sys_exit_status[:] = [status]
+        original(status)  # type: ignore[arg-type]
+
+    exit._wandb_funnel = True  # type: ignore[attr-defined]
+    sys.exit = exit  # type: ignore[assignment]
+
+
 def _at_interpreter_exit() -> None:
     if os.getpid() != _exit_hook_pid:
         return  # inherited through fork: the parent's exit, not ours
     # An uncaught exception leaves sys.last_value (3.11) / sys.last_exc (3.12+) behind.
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is None and _sys_exit_status:
+        exc = SystemExit(_sys_exit_status[0])
     run_shutdown_callbacks(exit_code_from_exception(exc), "interpreter exit")
 
 
@@ -119,6 +139,7 @@ def _install_exit_hooks() -> None:
     if _exit_hook_pid == os.getpid():
         return
     _exit_hook_pid = os.getpid()
+    _hook_sys_exit()
     atexit.register(_at_interpreter_exit)
     # multiprocessing children leave through os._exit(), which skips atexit; their
     # finalizers with an exit priority still run on the way out.

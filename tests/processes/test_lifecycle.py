@@ -1,0 +1,334 @@
+"""Every exit path ends in bounded time, finishes the run with the right exit code, loses
+nothing it could have kept, and leaves no process or socket file behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import PRELUDE, Scripts, reports, wait_for_report
+from tests.wandb_reader import only_run
+
+pytestmark = pytest.mark.processes
+
+# A Pool of workers logging steadily until they are told (or forced) to stop.
+STEADY = PRELUDE + """
+def work(n):
+    for step in range(n * 1000, n * 1000 + 1000):
+        wf.log({"w": n}, step=step)
+        time.sleep(0.002)
+
+def start(**kw):
+    funnel = wf.Funnel(project="t", close_timeout=20, **kw).start()
+    report(logger_pid=funnel.logger_pid, address=funnel.address)
+    return funnel
+"""
+
+
+def test_exception_in_block_exits_1(scripts: Scripts) -> None:
+    """An exception leaving the with-block finishes the run with exit code 1, after draining."""
+    res = scripts.run(PRELUDE + """
+if __name__ == "__main__":
+    with wf.Funnel(project="t"):
+        for s in range(50):
+            wf.log({"x": s})
+        raise RuntimeError("boom")
+""")
+    assert res.returncode == 1 and "boom" in res.stderr
+    run = only_run(scripts.wandb_dir)
+    assert run.exit_code == 1
+    assert [r["global_step"] for r in run.history] == list(range(50))
+    assert res.leftovers == []
+
+
+@pytest.mark.parametrize(("ending", "code"), [("pass", 0), ("raise ValueError('x')", 1),
+                                              ("sys.exit(3)", 3)])
+def test_no_close_atexit(scripts: Scripts, ending: str, code: int) -> None:
+    """Without close(), interpreter exit drains and finishes the run with the right code."""
+    res = scripts.run(PRELUDE + f"""
+if __name__ == "__main__":
+    run = wf.init(project="t")
+    for s in range(30):
+        run.log({{"x": s}})
+    {ending}
+""")
+    run = only_run(scripts.wandb_dir)
+    assert run.exit_code == code
+    assert len(run.history) == 30
+    assert res.leftovers == []
+
+
+def test_private_funnel_is_like_wandb_init(scripts: Scripts) -> None:
+    """wf.init() with no funnel around owns a private one; finish() ends the run."""
+    res = scripts.run(PRELUDE + """
+if __name__ == "__main__":
+    run = wf.init(project="t", config={"lr": 0.5})
+    run.log({"a": 1}); run.log({"a": 2}, commit=False); run.log({"b": 3})
+    run.log({"c": 4}, step=5); run.log({"c": 5}, step=5); run.log({"d": 6})
+    run.summary["best"] = 9
+    run.config.update({"extra": True})
+    report(rank=run.rank, id=run.id)
+    run.finish()
+    report(after_env=os.environ.get("WANDB_FUNNEL_ADDRESS"))
+""")
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    run = only_run(scripts.wandb_dir)
+    assert info["rank"] == 0 and info["id"] == run.run_id
+    assert info["after_env"] is None
+    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in run.history]
+    # wandb's step rules per rank: commit=False accumulates; an explicit step stays open.
+    assert rows == [
+        {"a": 1, "global_step": 0},
+        {"a": 2, "b": 3, "global_step": 1},
+        {"c": 5, "d": 6, "global_step": 5},
+    ]
+    assert run.summary["best"] == 9
+    assert run.config["lr"] == 0.5 and run.config["extra"] is True
+
+
+@pytest.mark.parametrize("target", ["owner", "group"])
+def test_sigint_mid_run(scripts: Scripts, target: str) -> None:
+    """Ctrl-C (SIGINT to the owner, or to its whole process group as a terminal does)
+    drains, finishes the run with exit code 130, and everything exits in bounded time."""
+    proc = scripts.start(STEADY + """
+if __name__ == "__main__":
+    with start():
+        with mp.get_context("spawn").Pool(2) as pool:
+            r = pool.map_async(work, range(2))
+            time.sleep(1.0)
+            report(ready=True)
+            r.get(60)
+""")
+    t0 = time.monotonic()
+    wait_for_report(proc, "ready")
+    time.sleep(0.5)
+    if target == "owner":
+        proc.send_signal(signal.SIGINT)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    res = scripts.finish(proc, 60, t0)
+    assert res.returncode != 0
+    assert "KeyboardInterrupt" in res.stderr
+    run = only_run(scripts.wandb_dir)
+    assert run.exit_code == 130
+    assert run.summary["funnel/records"] > 0
+    assert res.leftovers == []
+
+
+@pytest.mark.parametrize("target", ["owner", "group"])
+def test_sigterm_mid_run(scripts: Scripts, target: str) -> None:
+    """SIGTERM (a scheduler, or torchrun's killpg) finishes the run with 143; the owner still
+    dies of SIGTERM, as it would have without the library; workers' records are kept."""
+    proc = scripts.start(STEADY + """
+if __name__ == "__main__":
+    funnel = start()
+    pool = mp.get_context("spawn").Pool(2)
+    r = pool.map_async(work, range(2))
+    time.sleep(1.0)
+    report(ready=True)
+    r.get(60)
+""")
+    t0 = time.monotonic()
+    wait_for_report(proc, "ready")
+    time.sleep(0.5)
+    if target == "owner":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)
+    res = scripts.finish(proc, 60, t0)
+    assert res.returncode == -signal.SIGTERM
+    run = only_run(scripts.wandb_dir)
+    assert run.exit_code == 143
+    assert run.summary["funnel/records"] > 0
+    if target == "group":
+        # Workers flushed on their own SIGTERM: both ranks' records are in the run.
+        assert {v for _, v in run.column("w")} == {0, 1}
+    assert res.leftovers == []
+
+
+def test_worker_keeps_its_signal_disposition(scripts: Scripts) -> None:
+    """A worker that would die of SIGTERM still dies of it, after flushing what it logged."""
+    res = scripts.run(PRELUDE + """
+def child(ready):
+    for s in range(100):
+        wf.log({"c": s}, step=s)
+    ready.set()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    with wf.Funnel(project="t") as funnel:
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        p = ctx.Process(target=child, args=(ready,))
+        p.start()
+        ready.wait(60)
+        p.terminate(); p.join(30)
+    report(exitcode=p.exitcode)
+""")
+    assert res.returncode == 0, res.stderr
+    assert reports(res.stdout)["exitcode"] == -signal.SIGTERM
+    run = only_run(scripts.wandb_dir)
+    assert [s for s, _ in run.column("c")] == list(range(100))
+
+
+def test_close_waits_for_a_straggler(scripts: Scripts) -> None:
+    """close() waits (bounded) for a rank still logging, so its last records are not cut."""
+    res = scripts.run(PRELUDE + """
+def child(attached):
+    wf.log({"c": 0}, step=0)
+    wf.init().rank  # wait until the logger has welcomed us
+    attached.set()
+    for s in range(1, 40):
+        time.sleep(0.03)
+        wf.log({"c": s}, step=s)
+    wf.finish()
+
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t").start()
+    ctx = mp.get_context("spawn")
+    attached = ctx.Event()
+    p = ctx.Process(target=child, args=(attached,))
+    p.start()
+    attached.wait(60)
+    t = time.monotonic()
+    funnel.close()
+    report(close_s=time.monotonic() - t)
+    p.join(30)
+""")
+    assert res.returncode == 0, res.stderr
+    run = only_run(scripts.wandb_dir)
+    assert [s for s, _ in run.column("c")] == list(range(40))
+    assert run.summary["funnel/dropped_records"] == 0
+
+
+def test_dead_worker_is_not_waited_for(scripts: Scripts) -> None:
+    """A worker SIGKILLed mid-run is noticed: close() does not wait on it, the run's exit code
+    stays the owner's (0), and the death is counted in the summary."""
+    res = scripts.run(PRELUDE + """
+def child(ready):
+    for s in range(10):
+        wf.log({"c": s}, step=s)
+    wf.init().flush()
+    ready.set()
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t", close_timeout=30).start()
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    p = ctx.Process(target=child, args=(ready,))
+    p.start(); ready.wait(60)
+    t = time.monotonic()
+    funnel.close()
+    report(close_s=time.monotonic() - t)
+    p.join(5)
+""")
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["close_s"] < 15  # well below the 15 s a straggler could get
+    run = only_run(scripts.wandb_dir)
+    assert run.exit_code == 0
+    assert run.summary["funnel/dead_ranks"] == 1
+    assert [s for s, _ in run.column("c")] == list(range(10))
+    assert "died without finishing" in res.stderr
+
+
+def test_logger_death_does_not_fail_training(scripts: Scripts) -> None:
+    """If the logger dies, training goes on, the owner exits with its own status, and a
+    warning says what was lost; nothing hangs."""
+    res = scripts.run(PRELUDE + """
+if __name__ == "__main__":
+    with wf.Funnel(project="t") as funnel:
+        for s in range(20):
+            funnel.log({"x": s})
+        os.kill(funnel.logger_pid, signal.SIGKILL)
+        time.sleep(0.3)
+        for s in range(20, 5000):
+            funnel.log({"x": s})
+        report(trained=True)
+""")
+    assert res.returncode == 0, res.stderr
+    assert reports(res.stdout)["trained"]
+    assert "logger" in res.stderr and "exited" in res.stderr
+    assert res.elapsed < 60
+    assert res.leftovers == []
+
+
+def test_owner_killed_logger_exits_by_itself(scripts: Scripts) -> None:
+    """SIGKILL to the owner: the logger notices and exits by itself, removing the socket
+    directory; no process of the job is left. wandb-core exits with its parent (the owner),
+    so the run keeps what wandb flushed (all rows logged over a second before the kill) and
+    has no exit record: the documented cost of a hard kill of the owner."""
+    proc = scripts.start(PRELUDE + """
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t").start()
+    for s in range(100):
+        funnel.log({"x": s})
+    funnel.run.flush()
+    time.sleep(2.5)
+    report(address=funnel.address, logger_pid=funnel.logger_pid)
+    time.sleep(60)
+""")
+    t0 = time.monotonic()
+    info = wait_for_report(proc, "logger_pid")
+    proc.kill()
+    res = scripts.finish(proc, 30, t0)
+    logger = info["logger_pid"]
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(logger) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(logger) or psutil.Process(logger).status() == "zombie"
+    run = only_run(scripts.wandb_dir)
+    assert [r["global_step"] for r in run.history] == list(range(100))
+    assert not os.path.exists(os.path.dirname(info["address"][len("ipc://"):]))
+    assert res.leftovers == []
+
+
+def test_stalled_wandb_finish_is_bounded(scripts: Scripts) -> None:
+    """If wandb-core stalls (SIGSTOPped), close() still returns within close_timeout plus
+    the kill grace, kills the logger and warns that the run may be incomplete."""
+    res = scripts.run(PRELUDE + """
+import psutil
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t", close_timeout=3).start()
+    funnel.log({"x": 1})
+    core = [p for p in psutil.Process().children(recursive=True) if "wandb-core" in p.name()]
+    for c in core:
+        c.suspend()
+    t = time.monotonic()
+    funnel.close()
+    report(close_s=time.monotonic() - t, cores=len(core))
+    for c in core:
+        c.resume()
+""")
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["cores"] >= 1
+    assert info["close_s"] < 3 + 2 * 2 + 1  # close_timeout + terminate/kill grace + slack
+    assert "did not finish the run within close_timeout" in res.stderr
+    assert res.leftovers == []
+
+
+def test_logger_crash_loses_at_most_a_second(scripts: Scripts) -> None:
+    """With the short transaction-log flush, rows written >1 s before a logger SIGKILL are
+    on disk (wandb's default would keep them in memory for up to 15 s)."""
+    res = scripts.run(PRELUDE + """
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t").start()
+    for s in range(200):
+        funnel.log({"x": s})
+    funnel.run.flush()
+    time.sleep(4.5)  # reorder window (2 s) + flush interval (1 s) + slack
+    os.kill(funnel.logger_pid, signal.SIGKILL)
+    time.sleep(0.2)
+    funnel.close()
+""")
+    assert res.returncode == 0, res.stderr
+    run = only_run(scripts.wandb_dir)
+    assert [r["global_step"] for r in run.history] == list(range(200))
