@@ -24,8 +24,9 @@ def train_worker(args: tuple[int, int]) -> int:
     with wf.init() as run:  # attaches to the funnel found in the environment
         for step in range(steps):
             loss = math.exp(-step / 50) + rng.random() * 0.01
-            run.log({"loss": loss, "throughput": 100.0, "worker_loss": {f"w{worker}": loss}},
-                    step=step)
+            run.log(
+                {"loss": loss, "throughput": 100.0, "worker_loss": {f"w{worker}": loss}}, step=step
+            )
     return worker
 
 
@@ -37,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-method", default="spawn", choices=mp.get_all_start_methods())
     args = parser.parse_args(argv)
 
-    with wf.Funnel(project=args.project, reduce={"throughput": "sum"},
-                   config=vars(args)) as funnel:
+    with wf.Funnel(project=args.project, reduce={"throughput": "sum"}, config=vars(args)) as funnel:
         funnel.log({"lr": 0.1}, step=0)
         ctx = mp.get_context(args.start_method)
         with ctx.Pool(args.workers) as pool:
-            done = pool.map(train_worker, [(w, args.steps) for w in range(args.workers)],
-                            chunksize=1)
+            done = pool.map(
+                train_worker, [(w, args.steps) for w in range(args.workers)], chunksize=1
+            )
     stats = funnel.stats or {}
     print(
         f"run {funnel.run_id}: {len(done)} workers x {args.steps} steps -> "

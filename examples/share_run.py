@@ -34,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in procs:
         p.join(timeout=60)
     run.finish()
-    print(f"run {run.id}: owner + {args.children} children; exit codes "
-          f"{[p.exitcode for p in procs]}")
+    print(
+        f"run {run.id}: owner + {args.children} children; exit codes {[p.exitcode for p in procs]}"
+    )
     return 0
 
 

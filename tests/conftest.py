@@ -91,8 +91,9 @@ class Scripts:
         path.write_text(textwrap.dedent(code))
         return path
 
-    def start(self, code: str, extra_env: dict[str, str] | None = None,
-              new_session: bool = True) -> subprocess.Popen[str]:
+    def start(
+        self, code: str, extra_env: dict[str, str] | None = None, new_session: bool = True
+    ) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, str(self.write(code))],
             cwd=self.tmp_path,
@@ -120,7 +121,9 @@ class Scripts:
         elapsed = time.monotonic() - t0
         return ScriptResult(proc.returncode, out, err, elapsed, leftover_processes(self.mark))
 
-    def run(self, code: str, timeout: float = 90, extra_env: dict[str, str] | None = None) -> ScriptResult:
+    def run(
+        self, code: str, timeout: float = 90, extra_env: dict[str, str] | None = None
+    ) -> ScriptResult:
         t0 = time.monotonic()
         return self.finish(self.start(code, extra_env), timeout, t0)
 
@@ -149,7 +152,7 @@ def reports(stdout: str) -> dict:
     out: dict = {}
     for line in stdout.splitlines():
         if line.startswith("REPORT "):
-            out.update(json.loads(line[len("REPORT "):]))
+            out.update(json.loads(line[len("REPORT ") :]))
     return out
 
 
@@ -172,7 +175,7 @@ def wait_for_report(proc: subprocess.Popen[str], key: str, timeout: float = 60) 
         if not line:
             break
         if line.startswith("REPORT "):
-            seen.update(json.loads(line[len("REPORT "):]))
+            seen.update(json.loads(line[len("REPORT ") :]))
             if key in seen:
                 return seen
     raise AssertionError(f"no REPORT with {key!r} within {timeout}s (got {seen})")

@@ -55,8 +55,22 @@ def test_control_messages_round_trip() -> None:
 
 def test_numpy_scalars_and_special_floats_pass() -> None:
     """numpy scalars and 0-d arrays become plain numbers; NaN and inf pass as in wandb."""
-    batch = _batch([(0, True, {"f": np.float32(0.5), "i": np.int64(3), "z": np.array(2.0),
-                               "nan": math.nan, "inf": -math.inf, "b": True})])
+    batch = _batch(
+        [
+            (
+                0,
+                True,
+                {
+                    "f": np.float32(0.5),
+                    "i": np.int64(3),
+                    "z": np.array(2.0),
+                    "nan": math.nan,
+                    "inf": -math.inf,
+                    "b": True,
+                },
+            )
+        ]
+    )
     data = batch.records[0].data
     assert data["f"] == 0.5 and data["i"] == 3 and data["z"] == 2.0 and data["b"] is True
     assert math.isnan(data["nan"]) and data["inf"] == -math.inf
@@ -151,9 +165,14 @@ def test_random_bytes_never_escape(frame: bytes) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=10),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats()
+    | st.text(max_size=10),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 

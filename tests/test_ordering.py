@@ -33,10 +33,12 @@ def interleavings(draw: st.DrawFn) -> tuple[list[tuple[int, int, bool]], list[fl
         steps = sorted(draw(st.lists(st.integers(0, 30), max_size=15)))
         # A record may commit its step only if the rank's next record is at a later step
         # (after a commit the client itself moves on: step S again would be going backwards).
-        streams.append([
-            (s, draw(st.booleans()) if i + 1 == len(steps) or steps[i + 1] > s else False)
-            for i, s in enumerate(steps)
-        ])
+        streams.append(
+            [
+                (s, draw(st.booleans()) if i + 1 == len(steps) or steps[i + 1] > s else False)
+                for i, s in enumerate(steps)
+            ]
+        )
     order = []
     cursors = [0] * n_ranks
     remaining = sum(map(len, streams))
@@ -62,7 +64,7 @@ def test_any_interleaving_yields_every_record_in_step_order(
     now = 0.0
     out: list[Row] = []
     records = []
-    for i, ((rank, step, committed), gap) in enumerate(zip(order, gaps)):
+    for i, ((rank, step, committed), gap) in enumerate(zip(order, gaps, strict=True)):
         now += gap
         key = f"k{i}"
         records.append((rank, step, key))

@@ -22,8 +22,16 @@ def test_auto_single_rank_key_is_untouched() -> None:
 
 def test_auto_reduces_across_ranks_with_mean_by_default() -> None:
     b = RowBuilder("auto", check_reduce({"tput": "sum", "m*": "max"}), "global_step")
-    out = b.build(_row(0, {0: {"loss": 1.0, "tput": 10, "mx": 1}, 1: {"loss": 3.0, "tput": 5, "mx": 7},
-                           2: {"loss": 2.0}}))
+    out = b.build(
+        _row(
+            0,
+            {
+                0: {"loss": 1.0, "tput": 10, "mx": 1},
+                1: {"loss": 3.0, "tput": 5, "mx": 7},
+                2: {"loss": 2.0},
+            },
+        )
+    )
     assert out["loss"] == pytest.approx(2.0)
     assert out["tput"] == 15 and type(out["tput"]) is int
     assert out["mx"] == 7
@@ -42,12 +50,20 @@ def test_nan_propagates_like_all_gather() -> None:
 def test_shared_mode_keys_per_rank_plus_asked_reductions() -> None:
     b = RowBuilder("shared", check_reduce({"loss": "mean"}), "global_step")
     out = b.build(_row(1, {0: {"loss": 1.0, "acc": 0.1}, 1: {"loss": 3.0}}))
-    assert out == {"loss/rank0": 1.0, "acc/rank0": 0.1, "loss/rank1": 3.0, "loss": 2.0, "global_step": 1}
+    assert out == {
+        "loss/rank0": 1.0,
+        "acc/rank0": 0.1,
+        "loss/rank1": 3.0,
+        "loss": 2.0,
+        "global_step": 1,
+    }
 
 
 def test_nested_dicts_flatten_and_reduce() -> None:
     assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": {}}) == {"a.b": 1, "a.c.d": 2, "e": {}}
-    out = RowBuilder("auto", {}, "s").build(_row(0, {0: {"eval": {"acc": 1.0}}, 1: {"eval": {"acc": 3.0}}}))
+    out = RowBuilder("auto", {}, "s").build(
+        _row(0, {0: {"eval": {"acc": 1.0}}, 1: {"eval": {"acc": 3.0}}})
+    )
     assert out["eval.acc"] == 2.0
 
 
@@ -58,7 +74,12 @@ def test_step_key_is_the_row_step() -> None:
 
 @pytest.mark.parametrize(
     ("reduce", "exc"),
-    [({"loss": "median"}, ValueError), ({1: "sum"}, TypeError), (3, TypeError), ("avg", ValueError)],
+    [
+        ({"loss": "median"}, ValueError),
+        ({1: "sum"}, TypeError),
+        (3, TypeError),
+        ("avg", ValueError),
+    ],
 )
 def test_bad_reduce_is_rejected(reduce: object, exc: type) -> None:
     with pytest.raises(exc):

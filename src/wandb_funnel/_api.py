@@ -160,7 +160,9 @@ def _apply_config(run: Run, kwargs: dict[str, Any]) -> None:
             stacklevel=3,
         )
     if config is not None:
-        run.config.update(vars(config) if hasattr(config, "__dict__") and not isinstance(config, dict) else config)
+        run.config.update(
+            vars(config) if hasattr(config, "__dict__") and not isinstance(config, dict) else config
+        )
 
 
 def log(data: dict[str, Any], step: int | None = None, commit: bool | None = None) -> None:

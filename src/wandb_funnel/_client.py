@@ -17,7 +17,6 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any
 
 from . import _codec, _lifecycle
 from ._config import (
@@ -196,32 +195,30 @@ def _warn(message: str) -> None:
 
 _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 _registry_lock = threading.Lock()
-_flusher: threading.Thread | None = None
-_flusher_pid = -1
-_stop_flusher = threading.Event()
+_flusher_stop: threading.Event | None = None  # set to stop the running flusher thread
 
 
 def _reset_in_child() -> None:
     # The parent's streams, lock and thread did not come along in any usable state.
-    global _streams, _registry_lock, _flusher, _flusher_pid, _stop_flusher
+    global _streams, _registry_lock, _flusher_stop
     _streams = weakref.WeakSet()
     _registry_lock = threading.Lock()
-    _flusher, _flusher_pid = None, -1
-    _stop_flusher = threading.Event()
+    _flusher_stop = None
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def _register(stream: Stream) -> None:
-    global _flusher, _flusher_pid
+    global _flusher_stop
     with _registry_lock:
         _streams.add(stream)
-        if _flusher_pid != os.getpid():
-            _flusher_pid = os.getpid()
-            _stop_flusher.clear()
-            _flusher = threading.Thread(target=_flush_loop, name="wandb-funnel-flush", daemon=True)
-            _flusher.start()
+        if _flusher_stop is None:
+            # Each flusher thread gets its own stop event, so a stopped one never revives.
+            _flusher_stop = threading.Event()
+            threading.Thread(
+                target=_flush_loop, args=(_flusher_stop,), name="wandb-funnel-flush", daemon=True
+            ).start()
     # Streams close before a funnel the same process owns (priority 0 < 10).
     _lifecycle.add_shutdown_callback(_close_all_on_exit, priority=0)
     _lifecycle.add_flush_callback(flush_all)
@@ -232,8 +229,7 @@ def _unregister(stream: Stream) -> None:
         _streams.discard(stream)
 
 
-def _flush_loop() -> None:
-    stop = _stop_flusher
+def _flush_loop(stop: threading.Event) -> None:
     while not stop.wait(FLUSH_INTERVAL / 2):
         now = time.monotonic()
         with _registry_lock:
@@ -243,6 +239,14 @@ def _flush_loop() -> None:
                 stream.flush_if_stale(now)
             except Exception as exc:  # never let the flusher die silently
                 print(f"wandb-funnel: flusher: {exc!r}", file=sys.stderr)
+
+
+def _stop_flusher() -> None:
+    global _flusher_stop
+    with _registry_lock:
+        stop, _flusher_stop = _flusher_stop, None
+    if stop is not None:
+        stop.set()
 
 
 def open_streams() -> list[Stream]:
@@ -261,13 +265,9 @@ def close_all(reason: str, timeout: float = FINAL_FLUSH_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     for stream in open_streams():
         stream.close(reason, max(0.0, deadline - time.monotonic()))
-    _stop_flusher.set()
+    _stop_flusher()
     term_process_context(max(0.1, deadline - time.monotonic()))
 
 
 def _close_all_on_exit(exit_code: int, reason: str) -> None:
     close_all(reason if exit_code == 0 else f"{reason} (exit code {exit_code})")
-
-
-def stream_info(stream: Stream) -> dict[str, Any]:
-    return {"rank": stream._rank, "produced": stream.produced, "dropped": stream.dropped}

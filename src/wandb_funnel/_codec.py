@@ -138,9 +138,7 @@ def check_step(step: Any) -> int:
     return int(value)
 
 
-def encode_record(
-    step: int, committed: bool, data: dict[str, Any], max_record_bytes: int
-) -> bytes:
+def encode_record(step: int, committed: bool, data: dict[str, Any], max_record_bytes: int) -> bytes:
     """Pack one ``log()`` record; raises TypeError/ValueError naming the key at fault."""
     packed = _pack_checked((step, committed, data), data, "log data")
     if len(packed) > max_record_bytes:
@@ -215,7 +213,9 @@ def _want(cond: bool, msg: str) -> None:
 
 
 def _decode_record(obj: Any) -> Record:
-    _want(type(obj) is list and len(obj) == 3, f"record is not [step, committed, data]: {obj!r:.80}")
+    _want(
+        type(obj) is list and len(obj) == 3, f"record is not [step, committed, data]: {obj!r:.80}"
+    )
     step, committed, data = obj
     _want(_is_int(step) and 0 <= step <= MAX_STEP, f"record step is not a valid step: {step!r:.40}")
     _want(type(committed) is bool, "record commit flag is not a bool")

@@ -104,14 +104,22 @@ class Funnel:
         self._step_key = step_key
         self._close_timeout = _check_positive("close_timeout", close_timeout)
         self._start_timeout = _check_positive("start_timeout", start_timeout)
-        if isinstance(reorder_window, bool) or not isinstance(reorder_window, (int, float)) or reorder_window < 0:
+        if (
+            isinstance(reorder_window, bool)
+            or not isinstance(reorder_window, (int, float))
+            or reorder_window < 0
+        ):
             raise ValueError(f"wandb_funnel: reorder_window must be >= 0, got {reorder_window!r}")
         self._reorder_window = float(reorder_window)
         if type(max_pending_rows) is not int or max_pending_rows < 1:
-            raise ValueError(f"wandb_funnel: max_pending_rows must be an int >= 1, got {max_pending_rows!r}")
+            raise ValueError(
+                f"wandb_funnel: max_pending_rows must be an int >= 1, got {max_pending_rows!r}"
+            )
         self._max_pending_rows = max_pending_rows
         if type(max_record_bytes) is not int or max_record_bytes < 1:
-            raise ValueError(f"wandb_funnel: max_record_bytes must be an int >= 1, got {max_record_bytes!r}")
+            raise ValueError(
+                f"wandb_funnel: max_record_bytes must be an int >= 1, got {max_record_bytes!r}"
+            )
         self._max_record_bytes = max_record_bytes
         if "id" in wandb_init_kwargs and not isinstance(wandb_init_kwargs["id"], str):
             raise TypeError(f"wandb_funnel: id must be a str, got {wandb_init_kwargs['id']!r}")
@@ -208,11 +216,17 @@ class Funnel:
         if "error" in ready:
             self._kill_logger()
             remove_ipc_dir(self._ipc_dir)
-            raise LoggerStartError(f"wandb_funnel: the logger could not open the run: {ready['error']}")
+            raise LoggerStartError(
+                f"wandb_funnel: the logger could not open the run: {ready['error']}"
+            )
         self._export_env()
         info = AttachInfo(
-            self._address, self._token, self._run_id, self._max_record_bytes,
-            self._proc.pid, socket.gethostname(),
+            self._address,
+            self._token,
+            self._run_id,
+            self._max_record_bytes,
+            self._proc.pid,
+            socket.gethostname(),
         )
         self._run = Run(info, requested_rank=0, funnel=self)
         _lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
@@ -263,7 +277,9 @@ class Funnel:
         self._saved_env = {}
 
     # -- logging as rank 0 -------------------------------------------------------------------
-    def log(self, data: dict[str, Any], step: int | None = None, commit: bool | None = None) -> None:
+    def log(
+        self, data: dict[str, Any], step: int | None = None, commit: bool | None = None
+    ) -> None:
         """Log from the owner process, as rank 0 (see ``Run.log``)."""
         self.run.log(data, step=step, commit=commit)
 

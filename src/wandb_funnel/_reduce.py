@@ -90,7 +90,9 @@ def check_run_mode(run_mode: Any) -> str:
     return str(run_mode)
 
 
-def flatten(data: Mapping[str, Any], prefix: str = "", out: dict[str, Any] | None = None) -> dict[str, Any]:
+def flatten(
+    data: Mapping[str, Any], prefix: str = "", out: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``, the way wandb names nested history keys."""
     if out is None:
         out = {}
@@ -142,7 +144,7 @@ class RowBuilder:
                 continue
             asked = self._reducer_for(key)
             if self._mode == "shared":
-                for rank, value in zip(ranks_by_key[key], values):
+                for rank, value in zip(ranks_by_key[key], values, strict=True):
                     out[f"{key}/rank{rank}"] = value
                 if asked is not None:
                     out[key] = _REDUCER_FUNCS[asked](values)

@@ -93,7 +93,9 @@ class Run:
         return self._finished
 
     # -- logging -------------------------------------------------------------------------------
-    def log(self, data: dict[str, Any], step: int | None = None, commit: bool | None = None) -> None:
+    def log(
+        self, data: dict[str, Any], step: int | None = None, commit: bool | None = None
+    ) -> None:
         """Log ``data`` at ``step`` (this rank's next step when None), like ``wandb.log``.
 
         Raises:

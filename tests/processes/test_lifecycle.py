@@ -16,7 +16,9 @@ from tests.wandb_reader import only_run
 pytestmark = pytest.mark.processes
 
 # A Pool of workers logging steadily until they are told (or forced) to stop.
-STEADY = PRELUDE + """
+STEADY = (
+    PRELUDE
+    + """
 def work(n):
     for step in range(n * 1000, n * 1000 + 1000):
         wf.log({"w": n}, step=step)
@@ -27,17 +29,21 @@ def start(**kw):
     report(logger_pid=funnel.logger_pid, address=funnel.address)
     return funnel
 """
+)
 
 
 def test_exception_in_block_exits_1(scripts: Scripts) -> None:
     """An exception leaving the with-block finishes the run with exit code 1, after draining."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 if __name__ == "__main__":
     with wf.Funnel(project="t"):
         for s in range(50):
             wf.log({"x": s})
         raise RuntimeError("boom")
-""")
+"""
+    )
     assert res.returncode == 1 and "boom" in res.stderr
     run = only_run(scripts.wandb_dir)
     assert run.exit_code == 1
@@ -45,17 +51,21 @@ if __name__ == "__main__":
     assert res.leftovers == []
 
 
-@pytest.mark.parametrize(("ending", "code"), [("pass", 0), ("raise ValueError('x')", 1),
-                                              ("sys.exit(3)", 3)])
+@pytest.mark.parametrize(
+    ("ending", "code"), [("pass", 0), ("raise ValueError('x')", 1), ("sys.exit(3)", 3)]
+)
 def test_no_close_atexit(scripts: Scripts, ending: str, code: int) -> None:
     """Without close(), interpreter exit drains and finishes the run with the right code."""
-    res = scripts.run(PRELUDE + f"""
+    res = scripts.run(
+        PRELUDE
+        + f"""
 if __name__ == "__main__":
     run = wf.init(project="t")
     for s in range(30):
         run.log({{"x": s}})
     {ending}
-""")
+"""
+    )
     run = only_run(scripts.wandb_dir)
     assert run.exit_code == code
     assert len(run.history) == 30
@@ -64,7 +74,9 @@ if __name__ == "__main__":
 
 def test_private_funnel_is_like_wandb_init(scripts: Scripts) -> None:
     """wf.init() with no funnel around owns a private one; finish() ends the run."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 if __name__ == "__main__":
     run = wf.init(project="t", config={"lr": 0.5})
     run.log({"a": 1}); run.log({"a": 2}, commit=False); run.log({"b": 3})
@@ -74,7 +86,8 @@ if __name__ == "__main__":
     report(rank=run.rank, id=run.id)
     run.finish()
     report(after_env=os.environ.get("WANDB_FUNNEL_ADDRESS"))
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     run = only_run(scripts.wandb_dir)
@@ -95,7 +108,9 @@ if __name__ == "__main__":
 def test_sigint_mid_run(scripts: Scripts, target: str) -> None:
     """Ctrl-C (SIGINT to the owner, or to its whole process group as a terminal does)
     drains, finishes the run with exit code 130, and everything exits in bounded time."""
-    proc = scripts.start(STEADY + """
+    proc = scripts.start(
+        STEADY
+        + """
 if __name__ == "__main__":
     with start():
         with mp.get_context("spawn").Pool(2) as pool:
@@ -103,7 +118,8 @@ if __name__ == "__main__":
             time.sleep(1.0)
             report(ready=True)
             r.get(60)
-""")
+"""
+    )
     t0 = time.monotonic()
     wait_for_report(proc, "ready")
     time.sleep(0.5)
@@ -124,7 +140,9 @@ if __name__ == "__main__":
 def test_sigterm_mid_run(scripts: Scripts, target: str) -> None:
     """SIGTERM (a scheduler, or torchrun's killpg) finishes the run with 143; the owner still
     dies of SIGTERM, as it would have without the library; workers' records are kept."""
-    proc = scripts.start(STEADY + """
+    proc = scripts.start(
+        STEADY
+        + """
 if __name__ == "__main__":
     funnel = start()
     pool = mp.get_context("spawn").Pool(2)
@@ -132,7 +150,8 @@ if __name__ == "__main__":
     time.sleep(1.0)
     report(ready=True)
     r.get(60)
-""")
+"""
+    )
     t0 = time.monotonic()
     wait_for_report(proc, "ready")
     time.sleep(0.5)
@@ -153,7 +172,9 @@ if __name__ == "__main__":
 
 def test_worker_keeps_its_signal_disposition(scripts: Scripts) -> None:
     """A worker that would die of SIGTERM still dies of it, after flushing what it logged."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 def child(ready):
     for s in range(100):
         wf.log({"c": s}, step=s)
@@ -169,7 +190,8 @@ if __name__ == "__main__":
         ready.wait(60)
         p.terminate(); p.join(30)
     report(exitcode=p.exitcode)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     assert reports(res.stdout)["exitcode"] == -signal.SIGTERM
     run = only_run(scripts.wandb_dir)
@@ -178,7 +200,9 @@ if __name__ == "__main__":
 
 def test_close_waits_for_a_straggler(scripts: Scripts) -> None:
     """close() waits (bounded) for a rank still logging, so its last records are not cut."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 def child(attached):
     wf.log({"c": 0}, step=0)
     wf.init().rank  # wait until the logger has welcomed us
@@ -199,7 +223,8 @@ if __name__ == "__main__":
     funnel.close()
     report(close_s=time.monotonic() - t)
     p.join(30)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     assert [s for s, _ in run.column("c")] == list(range(40))
@@ -209,7 +234,9 @@ if __name__ == "__main__":
 def test_dead_worker_is_not_waited_for(scripts: Scripts) -> None:
     """A worker SIGKILLed mid-run is noticed: close() does not wait on it, the run's exit code
     stays the owner's (0), and the death is counted in the summary."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 def child(ready):
     for s in range(10):
         wf.log({"c": s}, step=s)
@@ -228,7 +255,8 @@ if __name__ == "__main__":
     funnel.close()
     report(close_s=time.monotonic() - t)
     p.join(5)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["close_s"] < 15  # well below the 15 s a straggler could get
@@ -242,7 +270,9 @@ if __name__ == "__main__":
 def test_logger_death_does_not_fail_training(scripts: Scripts) -> None:
     """If the logger dies, training goes on, the owner exits with its own status, and a
     warning says what was lost; nothing hangs."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 if __name__ == "__main__":
     with wf.Funnel(project="t") as funnel:
         for s in range(20):
@@ -252,7 +282,8 @@ if __name__ == "__main__":
         for s in range(20, 5000):
             funnel.log({"x": s})
         report(trained=True)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     assert reports(res.stdout)["trained"]
     assert "logger" in res.stderr and "exited" in res.stderr
@@ -265,7 +296,9 @@ def test_owner_killed_logger_exits_by_itself(scripts: Scripts) -> None:
     directory; no process of the job is left. wandb-core exits with its parent (the owner),
     so the run keeps what wandb flushed (all rows logged over a second before the kill) and
     has no exit record: the documented cost of a hard kill of the owner."""
-    proc = scripts.start(PRELUDE + """
+    proc = scripts.start(
+        PRELUDE
+        + """
 if __name__ == "__main__":
     funnel = wf.Funnel(project="t").start()
     for s in range(100):
@@ -274,7 +307,8 @@ if __name__ == "__main__":
     time.sleep(2.5)
     report(address=funnel.address, logger_pid=funnel.logger_pid)
     time.sleep(60)
-""")
+"""
+    )
     t0 = time.monotonic()
     info = wait_for_report(proc, "logger_pid")
     proc.kill()
@@ -286,14 +320,16 @@ if __name__ == "__main__":
     assert not psutil.pid_exists(logger) or psutil.Process(logger).status() == "zombie"
     run = only_run(scripts.wandb_dir)
     assert [r["global_step"] for r in run.history] == list(range(100))
-    assert not os.path.exists(os.path.dirname(info["address"][len("ipc://"):]))
+    assert not os.path.exists(os.path.dirname(info["address"][len("ipc://") :]))
     assert res.leftovers == []
 
 
 def test_stalled_wandb_finish_is_bounded(scripts: Scripts) -> None:
     """If wandb-core stalls (SIGSTOPped), close() still returns within close_timeout plus
     the kill grace, kills the logger and warns that the run may be incomplete."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 import psutil
 if __name__ == "__main__":
     funnel = wf.Funnel(project="t", close_timeout=3).start()
@@ -306,7 +342,8 @@ if __name__ == "__main__":
     report(close_s=time.monotonic() - t, cores=len(core))
     for c in core:
         c.resume()
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["cores"] >= 1
@@ -318,7 +355,9 @@ if __name__ == "__main__":
 def test_logger_crash_loses_at_most_a_second(scripts: Scripts) -> None:
     """With the short transaction-log flush, rows written >1 s before a logger SIGKILL are
     on disk (wandb's default would keep them in memory for up to 15 s)."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 if __name__ == "__main__":
     funnel = wf.Funnel(project="t").start()
     for s in range(200):
@@ -328,7 +367,34 @@ if __name__ == "__main__":
     os.kill(funnel.logger_pid, signal.SIGKILL)
     time.sleep(0.2)
     funnel.close()
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     assert [r["global_step"] for r in run.history] == list(range(200))
+
+
+def test_funnels_one_after_another_in_one_process(scripts: Scripts) -> None:
+    """A process can own one funnel after another: each run is complete, and the flusher
+    thread serves the second funnel too (a part-filled batch leaves within 0.1 s)."""
+    res = scripts.run(PRELUDE + """
+from wandb_funnel import _client
+if __name__ == "__main__":
+    pending = []
+    for i in range(2):
+        with wf.Funnel(project="t", name=f"run{i}") as funnel:
+            for s in range(3):
+                funnel.log({"i": i}, step=s)
+            time.sleep(0.5)
+            pending.append(sum(len(st._buf) for st in _client.open_streams()))
+    report(pending=pending)
+""")
+    assert res.returncode == 0, res.stderr
+    assert reports(res.stdout)["pending"] == [0, 0]
+    from tests.wandb_reader import find_runs
+
+    runs = find_runs(scripts.wandb_dir)
+    assert len(runs) == 2
+    assert sorted(len(r.history) for r in runs) == [3, 3]
+    assert all(r.exit_code == 0 for r in runs)
+    assert res.leftovers == []

@@ -20,7 +20,9 @@ EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 def test_pool_workers_log_every_step(scripts: Scripts, method: str) -> None:
     """Pool workers started by each start method log through wf.log; the run has every
     record, one row per step, in step order, exit code 0, and nothing is left behind."""
-    res = scripts.run(PRELUDE + f"""
+    res = scripts.run(
+        PRELUDE
+        + f"""
 def work(n):
     wf.log({{"score": n * n}}, step=n)
     return os.getpid()
@@ -32,7 +34,8 @@ if __name__ == "__main__":
         with mp.get_context("{method}").Pool(3) as pool:
             pids = pool.map(work, range(60), chunksize=4)
     report(stats=funnel.stats, workers=len(set(pids)))
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     run = only_run(scripts.wandb_dir)
@@ -46,8 +49,8 @@ if __name__ == "__main__":
     assert run.summary["funnel/ranks"] == 1 + info["workers"]
     assert info["stats"]["funnel/records"] == 61
     assert res.leftovers == []
-    assert not os.path.exists(info["address"][len("ipc://"):])
-    assert not os.path.exists(os.path.dirname(info["address"][len("ipc://"):]))
+    assert not os.path.exists(info["address"][len("ipc://") :])
+    assert not os.path.exists(os.path.dirname(info["address"][len("ipc://") :]))
 
 
 def test_example_pool_spawn_4x200(scripts: Scripts) -> None:
@@ -57,7 +60,11 @@ def test_example_pool_spawn_4x200(scripts: Scripts) -> None:
 
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "pool_spawn.py"), "--workers", "4", "--steps", "200"],
-        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=120,
+        cwd=scripts.tmp_path,
+        env=scripts.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     run = only_run(scripts.wandb_dir)
@@ -80,7 +87,11 @@ def test_spawn_process_pattern(scripts: Scripts) -> None:
 
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "spawn_process.py"), "--tasks", "6"],
-        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=120,
+        cwd=scripts.tmp_path,
+        env=scripts.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "ranks [1, 2, 3, 4, 5, 6]" in proc.stdout
@@ -99,7 +110,11 @@ def test_share_run_pattern(scripts: Scripts) -> None:
 
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "share_run.py"), "--children", "2"],
-        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=120,
+        cwd=scripts.tmp_path,
+        env=scripts.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "exit codes [0, 0]" in proc.stdout
@@ -113,7 +128,9 @@ def test_share_run_pattern(scripts: Scripts) -> None:
 def test_fork_child_never_reuses_parent_socket(scripts: Scripts) -> None:
     """A forked child that uses the owner's Run object (inherited) and wf.log attaches as a
     new rank on its own socket; all records arrive."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 def child(run):
     run.log({"via_inherited_run": 1}, step=1)
     wf.log({"via_wf_log": 2}, step=2)
@@ -126,7 +143,8 @@ if __name__ == "__main__":
         p.start(); p.join(30)
         funnel.log({"owner": 3}, step=3)
     report(exitcode=p.exitcode, stats=funnel.stats)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["exitcode"] == 0
@@ -139,13 +157,16 @@ if __name__ == "__main__":
 
 def test_socket_dir_is_private(scripts: Scripts) -> None:
     """The IPC socket lives in a 0700 directory while the funnel runs, and is gone after."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 if __name__ == "__main__":
     with wf.Funnel(project="t") as funnel:
         path = funnel.address[len("ipc://"):]
         st = os.stat(os.path.dirname(path))
         report(mode=st.st_mode & 0o777, exists=os.path.exists(path), path=path)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["mode"] == 0o700 and info["exists"]

@@ -10,7 +10,9 @@ from tests.wandb_reader import only_run
 
 pytestmark = pytest.mark.processes
 
-RANKS = PRELUDE + """
+RANKS = (
+    PRELUDE
+    + """
 def rank_main(rank, barrier, steps, every):
     run = wf.init(rank=rank)
     barrier.wait(60)
@@ -30,17 +32,21 @@ def launch(funnel, n, steps=20, every=1, rare=None):
         p.join(60)
     return [p.exitcode for p in procs]
 """
+)
 
 
 def test_auto_mode_reduces_like_all_gather(scripts: Scripts) -> None:
     """auto: loss logged by every rank is the mean per step (what an all_gather mean gives),
     tput is summed as asked, and a key logged by one rank appears untouched."""
-    res = scripts.run(RANKS + """
+    res = scripts.run(
+        RANKS
+        + """
 if __name__ == "__main__":
     with wf.Funnel(project="t", reduce={"tput": "sum"}) as funnel:
         codes = launch(funnel, 3)
     report(codes=codes)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     assert reports(res.stdout)["codes"] == [0, 0, 0]
     run = only_run(scripts.wandb_dir)
@@ -56,11 +62,14 @@ if __name__ == "__main__":
 
 def test_shared_mode_keeps_every_rank(scripts: Scripts) -> None:
     """shared: every rank's value appears as {key}/rank{rank}, plus the reductions asked for."""
-    res = scripts.run(RANKS + """
+    res = scripts.run(
+        RANKS
+        + """
 if __name__ == "__main__":
     with wf.Funnel(project="t", run_mode="shared", reduce={"loss": "max"}) as funnel:
         launch(funnel, 2, steps=5)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     for row in run.history:
@@ -74,11 +83,14 @@ def test_rare_rank_lands_at_its_steps_without_stalling(scripts: Scripts) -> None
     """A rank logging every 50 steps while others log every step: its records land at their
     own steps, merged into those rows, and nothing is late. (The window is wide so that a
     descheduled process on a loaded CI machine cannot make this timing-dependent.)"""
-    res = scripts.run(RANKS + """
+    res = scripts.run(
+        RANKS
+        + """
 if __name__ == "__main__":
     with wf.Funnel(project="t", reorder_window=30) as funnel:
         launch(funnel, 3, steps=200, rare={3: 50})
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     assert [r["global_step"] for r in run.history] == list(range(200))
@@ -89,7 +101,9 @@ if __name__ == "__main__":
 def test_late_record_is_logged_at_its_step_and_counted(scripts: Scripts) -> None:
     """A record that arrives after its row was written is still logged at its x (the step
     key), not dropped by wandb's step rule, and counted as late."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 def child():
     wf.log({"late": 5}, step=5)
 
@@ -101,7 +115,8 @@ if __name__ == "__main__":
         time.sleep(1.0)  # rows 0..19 are written
         p = mp.get_context("spawn").Process(target=child); p.start(); p.join(60)
     report(stats=funnel.stats)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     assert run.column("late") == [(5, 5)]
@@ -110,12 +125,15 @@ if __name__ == "__main__":
     steps = [r["global_step"] for r in run.history]
     assert steps[:20] == list(range(20)) and steps[20] == 5
     # The x-axis declaration that makes this work is in the run.
-    assert any(m.get("glob_name") == "*" and m.get("step_metric") == "global_step"
-               for m in run.metrics)
+    assert any(
+        m.get("glob_name") == "*" and m.get("step_metric") == "global_step" for m in run.metrics
+    )
 
 
 def test_worker_config_and_summary_reach_the_run(scripts: Scripts) -> None:
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 def child():
     run = wf.init(config={"worker_seed": 7})
     run.summary["worker_best"] = 0.9
@@ -125,7 +143,8 @@ def child():
 if __name__ == "__main__":
     with wf.Funnel(project="t", config={"owner": "yes"}) as funnel:
         p = mp.get_context("spawn").Process(target=child); p.start(); p.join(60)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     assert run.config["owner"] == "yes" and run.config["worker_seed"] == 7
@@ -135,7 +154,9 @@ if __name__ == "__main__":
 
 def test_bad_input_raises_at_call_site_and_funnel_keeps_working(scripts: Scripts) -> None:
     """Bad log() calls raise TypeError/ValueError naming the problem; later logs still land."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 import numpy as np
 def child(q):
     errors = []
@@ -160,7 +181,8 @@ if __name__ == "__main__":
         p.join(60)
         funnel.log({"owner_ok": 1}, step=0)
     report(errors=errors)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     errors = reports(res.stdout)["errors"]
     assert len(errors) == 6
@@ -177,7 +199,9 @@ if __name__ == "__main__":
 def test_junk_on_the_socket_is_counted_and_survived(scripts: Scripts) -> None:
     """Malformed frames, frames from a peer that never said hello, and a hello with the wrong
     token are counted and skipped; the logger keeps serving real ranks."""
-    res = scripts.run(PRELUDE + """
+    res = scripts.run(
+        PRELUDE
+        + """
 import zmq, msgpack
 if __name__ == "__main__":
     with wf.Funnel(project="t") as funnel:
@@ -194,7 +218,8 @@ if __name__ == "__main__":
         time.sleep(0.5)
         funnel.log({"after": 1}, step=1)
     report(stats=funnel.stats)
-""")
+"""
+    )
     assert res.returncode == 0, res.stderr
     stats = reports(res.stdout)["stats"]
     assert stats["funnel/junk_frames"] == 4

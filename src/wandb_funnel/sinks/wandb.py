@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-import string
 import secrets
+import string
 from typing import Any
 
 from .._config import TRANSACTION_LOG_FLUSH_INTERVAL
@@ -65,7 +65,7 @@ class WandbSink:
         self.run.log(row)
 
     def update_config(self, data: dict[str, Any]) -> None:
-        self.run.config.update(data, allow_val_change=True)
+        self.run.config.update(data, allow_val_change=True)  # type: ignore[no-untyped-call]
 
     def update_summary(self, data: dict[str, Any]) -> None:
         self.run.summary.update(data)
