@@ -398,3 +398,32 @@ if __name__ == "__main__":
     assert sorted(len(r.history) for r in runs) == [3, 3]
     assert all(r.exit_code == 0 for r in runs)
     assert res.leftovers == []
+
+
+def test_user_sigterm_handler_still_runs_after_a_flush(scripts: Scripts) -> None:
+    """A worker's own SIGTERM handler is chained, not replaced: it runs (here it exits with
+    7), and the records logged before the signal are in the run."""
+    res = scripts.run(PRELUDE + """
+def child(ready):
+    def handler(signum, frame):
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, handler)
+    for s in range(50):
+        wf.log({"c": s}, step=s)
+    ready.set()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    with wf.Funnel(project="t") as funnel:
+        ctx = mp.get_context("spawn")
+        ready = ctx.Event()
+        p = ctx.Process(target=child, args=(ready,))
+        p.start()
+        ready.wait(60)
+        p.terminate(); p.join(30)
+    report(exitcode=p.exitcode)
+""")
+    assert res.returncode == 0, res.stderr
+    assert reports(res.stdout)["exitcode"] == 7
+    run = only_run(scripts.wandb_dir)
+    assert [s for s, _ in run.column("c")] == list(range(50))
