@@ -17,6 +17,7 @@ from ._config import (
     ENV_RANK_PID,
     ENV_RUN_ID,
     ENV_TOKEN,
+    WELCOME_TIMEOUT,
 )
 from ._run import AttachInfo, Run
 from .errors import FunnelWarning
@@ -143,6 +144,16 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
             run = funnel.run
         else:
             run = Run(info, requested_rank=rank if rank is not None else _env_rank())
+            # Like wandb.init, init() returns once the run knows us: the logger then holds
+            # rows for this rank, so ranks that sync after init (a barrier) merge at step 0.
+            if not run._attach(WELCOME_TIMEOUT):
+                warnings.warn(
+                    f"wandb-funnel: the logger at {info.address} did not answer within "
+                    f"{WELCOME_TIMEOUT}s; logging anyway (records are buffered, then counted "
+                    f"if dropped)",
+                    FunnelWarning,
+                    stacklevel=2,
+                )
             _apply_config(run, wandb_init_kwargs)
         _set_current(run)
         return run

@@ -161,23 +161,33 @@ class Stream:
         return _lifecycle.pid_alive(self._logger_pid)
 
     # -- the rank the logger assigned ------------------------------------------------------
-    def rank(self, timeout: float) -> int | None:
-        """This stream's rank: the requested one, or the logger's answer (waits, bounded)."""
-        with self._lock:
-            deadline = time.monotonic() + timeout
-            while not self._welcomed and not self.closed:
+    def wait_welcome(self, timeout: float) -> bool:
+        """Wait (bounded) until the logger has answered our hello; True once it has.
+
+        Polls in short slices so that other threads' log() calls are never held up for long.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._welcomed or self.closed:
+                    return self._welcomed
                 left = deadline - time.monotonic()
-                frame = self._sock.recv_within(left) if left > 0 else None
-                if frame is None:
-                    break
-                try:
-                    message = _codec.decode(frame, 1 << 16)
-                except _codec.DecodeError:
-                    continue
-                if isinstance(message, Welcome):
-                    self._rank = message.rank
-                    self._welcomed = True
-            return self._rank
+                if left <= 0:
+                    return False
+                frame = self._sock.recv_within(min(left, 0.05))
+                if frame is not None:
+                    try:
+                        message = _codec.decode(frame, 1 << 16)
+                    except _codec.DecodeError:
+                        continue
+                    if isinstance(message, Welcome):
+                        self._rank = message.rank
+                        self._welcomed = True
+
+    def rank(self, timeout: float) -> int | None:
+        """This stream's rank: the logger's answer, or the requested one if it never came."""
+        self.wait_welcome(timeout)
+        return self._rank
 
     def _rank_text(self) -> str:
         return "?" if self._rank is None else str(self._rank)

@@ -132,6 +132,10 @@ class Run:
         frame = _codec.encode_update(kind, data, self._info.max_record_bytes)
         self._live_stream().send_control(frame)
 
+    def _attach(self, timeout: float) -> bool:
+        """Connect now and wait (bounded) for the logger's welcome; True once welcomed."""
+        return self._live_stream().wait_welcome(timeout)
+
     def _live_stream(self) -> Stream:
         from ._client import Stream
 
