@@ -17,6 +17,7 @@ import threading
 import time
 import warnings
 import weakref
+from typing import Any
 
 from . import _codec, _lifecycle
 from ._config import (
@@ -26,7 +27,7 @@ from ._config import (
     FLUSH_INTERVAL,
     SEND_HWM,
 )
-from ._records import Goodbye, Hello, Welcome
+from ._records import Ack, Goodbye, Hello, Welcome
 from ._transport import ClientSocket, term_process_context
 from .errors import ClientClosedError, FunnelWarning
 
@@ -81,16 +82,17 @@ class Stream:
                 self._send_batch(0.0)
 
     def _send_batch(self, timeout: float) -> None:
-        # Caller holds the lock.
-        count = len(self._buf)
-        if not count:
-            return
-        frame = _codec.encode_batch(self._seq, self._buf)
-        self._seq += count
-        self._buf = []
+        # Caller holds the lock. The buffer is swapped out and numbered before any call: a
+        # signal handler that interrupts us here (on this same thread) and flushes again then
+        # finds an empty buffer, so a batch is never sent twice or counted twice.
+        batch, self._buf = self._buf, []
+        first = self._seq
+        self._seq = first + len(batch)
         self._buf_bytes = 0
-        if not self._sock.send_within(frame, timeout):
-            self.dropped += count
+        if not batch:
+            return
+        if not self._sock.send_within(_codec.encode_batch(first, batch), timeout):
+            self.dropped += len(batch)
             if not self._warned_drop:
                 self._warned_drop = True
                 _warn(
@@ -104,7 +106,10 @@ class Stream:
             if self.closed:
                 raise ClientClosedError("wandb_funnel: update on a finished run")
             self._send_batch(0.0)
-            return self._sock.send_within(frame, 0.0)
+            sent = self._sock.send_within(frame, 0.0)
+        if not sent:
+            _warn(f"rank {self._rank_text()}: a config/summary update was dropped (queue full)")
+        return sent
 
     def flush(self, timeout: float = 0.0) -> None:
         """Send whatever is buffered now (waiting at most ``timeout`` for queue room)."""
@@ -123,7 +128,8 @@ class Stream:
 
     # -- the end of a stream ---------------------------------------------------------------
     def close(self, reason: str, timeout: float = FINAL_FLUSH_TIMEOUT) -> None:
-        """Send what is left and a goodbye, then close; bounded by ``timeout`` seconds."""
+        """Send what is left and a goodbye, wait for the logger's receipt; all within
+        ``timeout`` seconds. Warns with numbers when anything may be missing from the run."""
         deadline = time.monotonic() + timeout
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             return
@@ -131,28 +137,50 @@ class Stream:
             if self.closed:
                 return
             alive = self.logger_alive()
-            wait = timeout if alive else 0.0
-            self._send_batch(wait)
-            sent_goodbye = self._sock.send_within(
-                _codec.encode_goodbye(Goodbye(self._seq, reason)),
-                max(0.0, deadline - time.monotonic()) if alive else 0.0,
-            )
+
+            def left() -> float:
+                return max(0.0, deadline - time.monotonic()) if alive else 0.0
+
+            self._send_batch(left())
+            goodbye = _codec.encode_goodbye(Goodbye(self._seq, reason))
+            said_goodbye = self._sock.send_within(goodbye, left())
+            received = self._await_ack(deadline) if said_goodbye and alive else None
             self.closed = True
-            # A bounded linger lets the last frames leave; none when the logger is known dead.
-            self._sock.close(max(0.0, deadline - time.monotonic()) if alive else 0.0)
-            lost = self.dropped if alive else self._seq
-            if not alive and self._seq:
-                _warn(
-                    f"rank {self._rank_text()}: the logger (pid {self._logger_pid}) is gone; "
-                    f"up to {lost} records from this rank may be missing from the run"
-                )
-            elif self.dropped:
-                _warn(f"rank {self._rank_text()}: {self.dropped} records were dropped")
-            elif not sent_goodbye:
-                _warn(f"rank {self._rank_text()}: could not say goodbye to the logger")
+            # Once the logger confirmed receipt nothing is queued; otherwise a bounded linger
+            # lets what is still queued leave (none when the logger is known dead).
+            self._sock.close(0.0 if received is not None else left())
+            self._report_loss(alive, received)
         finally:
             self._lock.release()
             _unregister(self)
+
+    def _await_ack(self, deadline: float) -> int | None:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ack = self._read_reply(min(left, 0.05))
+            if isinstance(ack, Ack):
+                return ack.received
+            if ack is None and not self.logger_alive():
+                return None
+
+    def _report_loss(self, alive: bool, received: int | None) -> None:
+        who = f"rank {self._rank_text()}"
+        if not alive:
+            if self._seq:
+                _warn(
+                    f"{who}: the logger (pid {self._logger_pid}) is gone; up to {self._seq} "
+                    f"records from this rank may be missing from the run"
+                )
+        elif received is None:
+            _warn(
+                f"{who}: the logger did not confirm this rank's last records in time (it is "
+                f"behind or gone); up to {self._seq - self.dropped} sent records may be lost, "
+                f"{self.dropped} were dropped"
+            )
+        elif received < self._seq:
+            _warn(f"{who}: {self._seq - received} of {self._seq} records did not reach the run")
 
     def logger_alive(self) -> bool:
         """False only when we know for sure: the logger's pid is on this host and gone."""
@@ -164,7 +192,8 @@ class Stream:
     def wait_welcome(self, timeout: float) -> bool:
         """Wait (bounded) until the logger has answered our hello; True once it has.
 
-        Polls in short slices so that other threads' log() calls are never held up for long.
+        Polls in short slices, so other threads' log() calls are never held up for long, and
+        gives up at once when the logger is known to be dead.
         """
         deadline = time.monotonic() + timeout
         while True:
@@ -174,15 +203,22 @@ class Stream:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
-                frame = self._sock.recv_within(min(left, 0.05))
-                if frame is not None:
-                    try:
-                        message = _codec.decode(frame, 1 << 16)
-                    except _codec.DecodeError:
-                        continue
-                    if isinstance(message, Welcome):
-                        self._rank = message.rank
-                        self._welcomed = True
+                if self._read_reply(min(left, 0.05)) is None and not self.logger_alive():
+                    return False
+
+    def _read_reply(self, timeout: float) -> Any:
+        """Read one reply from the logger (caller holds the lock); a Welcome sets our rank."""
+        frame = self._sock.recv_within(timeout)
+        if frame is None:
+            return None
+        try:
+            message = _codec.decode(frame, 1 << 16)
+        except _codec.DecodeError:
+            return None
+        if isinstance(message, Welcome):
+            self._rank = message.rank
+            self._welcomed = True
+        return message
 
     def rank(self, timeout: float) -> int | None:
         """This stream's rank: the logger's answer, or the requested one if it never came."""
@@ -204,7 +240,8 @@ def _warn(message: str) -> None:
 # -- this process's streams, its flusher thread, and its exit ----------------------------
 
 _streams: weakref.WeakSet[Stream] = weakref.WeakSet()
-_registry_lock = threading.Lock()
+# Re-entrant: the SIGTERM handler runs on the main thread, which may already hold it.
+_registry_lock = threading.RLock()
 _flusher_stop: threading.Event | None = None  # set to stop the running flusher thread
 
 
@@ -212,7 +249,7 @@ def _reset_in_child() -> None:
     # The parent's streams, lock and thread did not come along in any usable state.
     global _streams, _registry_lock, _flusher_stop
     _streams = weakref.WeakSet()
-    _registry_lock = threading.Lock()
+    _registry_lock = threading.RLock()
     _flusher_stop = None
 
 

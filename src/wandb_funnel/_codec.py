@@ -16,6 +16,7 @@ from typing import Any, Final
 import msgpack
 
 from ._records import (
+    ACK,
     CLOSE,
     CONFIG,
     DONE,
@@ -25,6 +26,7 @@ from ._records import (
     RECORDS,
     SUMMARY,
     WELCOME,
+    Ack,
     Close,
     ConfigUpdate,
     Done,
@@ -70,15 +72,45 @@ def _packer() -> msgpack.Packer:
     return packer
 
 
+_BINARY = (bytes, bytearray, memoryview)
+
+
+def _binary_error(path: str, value: Any) -> TypeError:
+    return TypeError(
+        f"wandb_funnel: cannot log {type(value).__name__} value for key {path!r}: wandb "
+        f"cannot store raw bytes (decode it to str, or log a number)"
+    )
+
+
+def _check_list(items: Any, path: str) -> None:
+    for item in items:
+        if isinstance(item, _BINARY):
+            raise _binary_error(path, item)
+        if isinstance(item, Mapping):
+            _check_keys(item, path)
+        elif isinstance(item, (list, tuple)):
+            _check_list(item, path)
+
+
 def _check_keys(data: Mapping[Any, Any], path: str) -> None:
+    """Keys must be str all the way down; raw bytes are refused (msgpack would carry them,
+    but wandb cannot store them, so the row would be lost later, far from the call)."""
     for key, value in data.items():
         if type(key) is not str:
             where = f" in {path!r}" if path else ""
             raise TypeError(
                 f"wandb_funnel: keys must be str, got {type(key).__name__} key {key!r}{where}"
             )
+        kind = type(value)
+        if kind in (int, float, str, bool) or value is None:
+            continue  # the common case, checked first
+        full = f"{path}.{key}" if path else key
         if isinstance(value, Mapping):
-            _check_keys(value, f"{path}.{key}" if path else key)
+            _check_keys(value, full)
+        elif isinstance(value, (list, tuple)):
+            _check_list(value, full)
+        elif isinstance(value, _BINARY):
+            raise _binary_error(full, value)
 
 
 def _find_unencodable(data: Mapping[str, Any], path: str = "") -> tuple[str, Any] | None:
@@ -196,6 +228,10 @@ def encode_welcome(welcome: Welcome) -> bytes:
     return msgpack.packb((PROTOCOL_VERSION, WELCOME, welcome.rank))  # type: ignore[no-any-return]
 
 
+def encode_ack(ack: Ack) -> bytes:
+    return msgpack.packb((PROTOCOL_VERSION, ACK, ack.received))  # type: ignore[no-any-return]
+
+
 def encode_done(done: Done) -> bytes:
     return msgpack.packb((PROTOCOL_VERSION, DONE, done.stats))  # type: ignore[no-any-return]
 
@@ -271,6 +307,9 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
         if kind == WELCOME:
             _want(len(body) == 1 and _is_int(body[0]), "bad welcome")
             return Welcome(body[0])
+        if kind == ACK:
+            _want(len(body) == 1 and _is_int(body[0]) and body[0] >= 0, "bad ack")
+            return Ack(body[0])
         if kind == DONE:
             _want(len(body) == 1 and type(body[0]) is dict, "bad done")
             return Done(body[0])

@@ -38,7 +38,12 @@ from ._run import AttachInfo, Run
 from ._transport import private_ipc_endpoint, remove_ipc_dir
 from .errors import FunnelWarning, LoggerStartError
 
-_KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a logger past its deadline
+_KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a logger that failed to start
+# close(): the logger gets LOGGER_SHARE of close_timeout (half of that for stragglers, then
+# writing rows and finishing wandb); the owner stops waiting KILL_MARGIN seconds before the
+# deadline, then terminates and kills within that margin: everything ends within close_timeout.
+_LOGGER_SHARE = 0.8
+_KILL_MARGIN = 0.5
 
 
 def _check_positive(name: str, value: Any) -> float:
@@ -136,7 +141,7 @@ class Funnel:
         self._run: Run | None = None
         self._saved_env: dict[str, str | None] = {}
         self._closed = False
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()  # close() may re-enter from a signal handler
         self.owner_pid = os.getpid()
         self.stats: dict[str, Any] | None = None
         self.exit_code: int | None = None
@@ -288,6 +293,7 @@ class Funnel:
         """Drain, order, finish the run, join the logger: all within ``close_timeout``.
 
         Idempotent. Past the deadline the logger is killed and a warning says what was lost.
+        SIGINT/SIGTERM arriving meanwhile are held and re-delivered once the run is closed.
         """
         if os.getpid() != self.owner_pid:
             return  # a forked copy of the owner: the funnel is not ours to close
@@ -299,15 +305,16 @@ class Funnel:
         self.exit_code = code
         _lifecycle.remove_shutdown_callback(self._close_on_exit)
         deadline = time.monotonic() + self._close_timeout
-        try:
-            self._close_logger(code, deadline)
-        finally:
-            _client.close_all("owner closed", max(0.1, deadline - time.monotonic()))
-            self._restore_env()
-            remove_ipc_dir(self._ipc_dir)
-            from . import _api
+        with _lifecycle.signals_held():
+            try:
+                self._close_logger(code, deadline)
+            finally:
+                _client.close_all("owner closed", max(0.1, deadline - time.monotonic()))
+                self._restore_env()
+                remove_ipc_dir(self._ipc_dir)
+                from . import _api
 
-            _api.forget_run(self._run)
+                _api.forget_run(self._run)
 
     def _close_logger(self, code: int, deadline: float) -> None:
         from ._codec import decode, encode_close
@@ -321,7 +328,7 @@ class Funnel:
                 f"wandb-funnel: the logger (pid {proc.pid}) had already exited with code "
                 f"{proc.returncode}; the run may be missing its last rows and exit record",
                 FunnelWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
             return
         # Our own streams (rank 0 and any later init() here) say goodbye first.
@@ -329,37 +336,38 @@ class Funnel:
             stream.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())))
         # CLOSE goes on a socket of its own that never says hello: it is not a rank.
         closer = ClientSocket(self.address, b"\x02" + os.urandom(11), 10)
-        budget = max(0.0, deadline - time.monotonic())
-        closer.send_within(encode_close(Close(self._token, code, budget)), 1.0)
         try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            budget = max(0.0, (deadline - time.monotonic()) * _LOGGER_SHARE)
+            closer.send_within(encode_close(Close(self._token, code, budget)), 1.0)
+            try:
+                proc.wait(timeout=max(0.0, deadline - _KILL_MARGIN - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._kill_logger(grace=_KILL_MARGIN / 2)
+                warnings.warn(
+                    f"wandb-funnel: the logger (pid {proc.pid}) did not finish the run within "
+                    f"close_timeout={self._close_timeout}s and was killed; rows still buffered "
+                    f"and the run's exit record may be missing",
+                    FunnelWarning,
+                    stacklevel=4,
+                )
+                return
             reply = closer.recv_within(0.2)
-            if reply is not None:
-                done = decode(reply, 1 << 20)
-                if isinstance(done, Done):
-                    self.stats = done.stats
-        except subprocess.TimeoutExpired:
-            self._kill_logger()
-            warnings.warn(
-                f"wandb-funnel: the logger (pid {proc.pid}) did not finish the run within "
-                f"close_timeout={self._close_timeout}s and was killed; rows still buffered "
-                f"and the run's exit record may be missing",
-                FunnelWarning,
-                stacklevel=3,
-            )
+            done = decode(reply, 1 << 20) if reply is not None else None
+            if isinstance(done, Done):
+                self.stats = done.stats
         finally:
             closer.close(0)
 
-    def _kill_logger(self) -> None:
+    def _kill_logger(self, grace: float = _KILL_GRACE) -> None:
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
         proc.terminate()
         try:
-            proc.wait(timeout=_KILL_GRACE)
+            proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=_KILL_GRACE)
+            proc.wait(timeout=_KILL_GRACE)  # SIGKILL cannot be refused: this is prompt
 
     def _close_on_exit(self, exit_code: int, reason: str) -> None:
         self.close(exit_code)

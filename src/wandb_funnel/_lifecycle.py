@@ -9,12 +9,13 @@ library never swallows a signal.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing.util
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -51,45 +52,48 @@ def remove_shutdown_callback(callback: ShutdownCallback) -> None:
     _callbacks[:] = [(p, cb) for p, cb in _callbacks if cb is not callback]
 
 
-def run_shutdown_callbacks(exit_code: int, reason: str) -> None:
-    """Run (and forget) every callback; each runs once, and a failing one never stops the rest.
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs, then re-deliver them.
 
-    SIGINT and SIGTERM that arrive meanwhile are held back and re-delivered once the flush is
-    done (a Pool's terminate() often lands while its worker is already flushing on the way
-    out): the flush is bounded, and the signal still does what it would have done.
+    A shutdown is bounded, and cut short it loses data: a Pool's terminate() often lands
+    while its worker is already flushing on the way out, and a second Ctrl-C often lands
+    during close(). Held signals still do what they would have done, just after the flush.
+    Only the main thread can touch signal handlers; elsewhere this holds nothing.
     """
     deferred: list[int] = []
-    saved = _defer_signals(deferred)
+    saved: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+
+        def hold(signum: int, frame: FrameType | None) -> None:
+            if signum not in deferred:
+                deferred.append(signum)
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            current = signal.getsignal(signum)
+            if current is None or current == signal.SIG_IGN:
+                continue  # not installed from Python, or ignored: leave it alone
+            saved[signum] = current
+            signal.signal(signum, hold)
     try:
+        yield
+    finally:
+        for held, handler in saved.items():
+            signal.signal(held, handler)
+        for pending in deferred:
+            os.kill(os.getpid(), pending)
+
+
+def run_shutdown_callbacks(exit_code: int, reason: str) -> None:
+    """Run (and forget) every callback, with signals held; each runs once, and a failing one
+    never stops the rest."""
+    with signals_held():
         while _callbacks:
             _, callback = _callbacks.pop(0)
             try:
                 callback(exit_code, reason)
             except Exception as exc:  # the logging side never fails the user's exit
                 print(f"wandb-funnel: shutdown step failed: {exc!r}", file=sys.stderr)
-    finally:
-        for signum, handler in saved.items():
-            signal.signal(signum, handler)
-        for signum in deferred:
-            os.kill(os.getpid(), signum)
-
-
-def _defer_signals(deferred: list[int]) -> dict[int, Any]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def hold(signum: int, frame: FrameType | None) -> None:
-        if signum not in deferred:
-            deferred.append(signum)
-
-    saved: dict[int, Any] = {}
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        current = signal.getsignal(signum)
-        if current is None or current == signal.SIG_IGN:
-            continue  # not installed from Python, or ignored: leave it alone
-        saved[signum] = current
-        signal.signal(signum, hold)
-    return saved
 
 
 def exit_code_from_exception(exc: BaseException | None) -> int:

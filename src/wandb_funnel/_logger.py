@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from ._config import (
 from ._lifecycle import pid_alive
 from ._ordering import Reorderer, Row
 from ._records import (
+    Ack,
     Close,
     ConfigUpdate,
     Done,
@@ -46,6 +48,12 @@ _LIVENESS_PERIOD = 0.25  # seconds between checks that ranks and the owner still
 _DRAIN_BATCH = 2_000  # frames taken per wake-up before rows are written out
 _PEER_RCV_HWM = 1_000  # frames queued per peer inside ZeroMQ: bounds the logger's memory
 _SIGNAL_BUDGET = 5.0  # seconds to finish when the logger itself is signalled
+# A rank whose pid is dead is declared gone only once nothing has arrived from it for this
+# long: a rank that exits right after a burst may have thousands of frames still queued.
+_GONE_QUIET = 1.0
+# Once closing, the logger exits by itself this long after its budget, whatever wandb does:
+# nobody else may be left to kill it (the owner may be dead).
+_WATCHDOG_GRACE = 1.0
 
 
 def _log(message: str) -> None:
@@ -60,6 +68,7 @@ class _Peer:
     pid: int
     host: str
     pid_start: int | None
+    last_seen: float
     next_seq: int = 0
     received: int = 0
     finished: bool = False
@@ -128,7 +137,19 @@ class Logger:
 
     def _begin_close(self, exit_code: int, budget: float, why: str) -> None:
         # Half the budget for stragglers, the rest to write rows and finish wandb.
-        self._closing = (exit_code, time.monotonic() + max(0.0, budget) / 2, why)
+        budget = max(0.0, budget)
+        self._closing = (exit_code, time.monotonic() + budget / 2, why)
+        watchdog = threading.Timer(budget + _WATCHDOG_GRACE, self._give_up, args=(budget,))
+        watchdog.daemon = True
+        watchdog.start()
+
+    def _give_up(self, budget: float) -> None:
+        _log(
+            f"could not finish the run within its {budget:.1f}s budget (wandb stalled?); "
+            f"exiting: rows not yet written and the run's exit record are lost"
+        )
+        remove_ipc_dir(self._ipc_dir)
+        os._exit(3)
 
     def _drain(self, limit: int) -> None:
         for _ in range(limit):
@@ -161,10 +182,13 @@ class Logger:
         if peer is None:  # never said hello (or was rejected): junk, counted
             self.junk_frames += 1
             return
+        peer.last_seen = time.monotonic()
         if isinstance(message, RecordBatch):
             self._records(peer, message)
         elif isinstance(message, Goodbye):
             self._goodbye(peer, message)
+            # The receipt lets the worker know (and say) whether anything went missing.
+            self._sock.reply(identity, _codec.encode_ack(Ack(peer.received)))
         elif isinstance(message, ConfigUpdate):
             self._sink_call("config", self._sink.update_config, message.data)
         elif isinstance(message, SummaryUpdate):
@@ -184,7 +208,9 @@ class Logger:
                     self._next_rank += 1
                 rank = self._next_rank
             self._used_ranks.add(rank)
-            peer = self._peers[identity] = _Peer(rank, hello.pid, hello.host, hello.pid_start)
+            peer = self._peers[identity] = _Peer(
+                rank, hello.pid, hello.host, hello.pid_start, time.monotonic()
+            )
             self._order.rank_attached(rank)
         self._sock.reply(identity, _codec.encode_welcome(Welcome(peer.rank)))
 
@@ -214,8 +240,14 @@ class Logger:
         if os.getppid() != self._owner_pid and self._closing is None:
             _log(f"the owner (pid {self._owner_pid}) is gone without closing; finishing the run")
             self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "owner lost")
+        now = time.monotonic()
         for peer in self._peers.values():
-            if peer.active and peer.host == self._host and not pid_alive(peer.pid, peer.pid_start):
+            if (
+                peer.active
+                and peer.host == self._host
+                and now - peer.last_seen >= _GONE_QUIET
+                and not pid_alive(peer.pid, peer.pid_start)
+            ):
                 peer.gone = True
                 self.dead_ranks.append(peer.rank)
                 self._order.rank_done(peer.rank)
@@ -305,7 +337,8 @@ def main() -> int:
     try:
         from .sinks.wandb import WandbSink
 
-        sock = LoggerSocket(cfg["address"], _PEER_RCV_HWM)
+        max_frame = int(cfg["max_record_bytes"]) + BATCH_BYTES + 4096
+        sock = LoggerSocket(cfg["address"], _PEER_RCV_HWM, max_frame)
         sink = WandbSink(cfg["init_kwargs"], cfg["step_key"])
     except BaseException as exc:
         if sock is not None:

@@ -56,6 +56,7 @@ class Reorderer:
         self._heap: list[int] = []
         self._arrivals: deque[tuple[float, int]] = deque()  # (first seen, step), oldest first
         self._floors: dict[int, int] = {}  # logging ranks that may still send
+        self._done: set[int] = set()  # finished or gone: their stray records hold nothing
         self._late: dict[int, Row] = {}
         self._last_released: int = -1
         self.late_records = 0
@@ -71,7 +72,7 @@ class Reorderer:
     def add(self, rank: int, step: int, committed: bool, data: dict[str, Any], now: float) -> None:
         """Take one record of ``rank``."""
         floor = step + 1 if committed else step
-        if floor > self._floors.get(rank, -1):
+        if rank not in self._done and floor > self._floors.get(rank, -1):
             self._floors[rank] = floor
         if step <= self._last_released:
             late = self._late.get(step)
@@ -89,10 +90,13 @@ class Reorderer:
 
     def rank_attached(self, rank: int) -> None:
         """``rank`` joined: until its first record it holds every row (within the window)."""
-        self._floors.setdefault(rank, 0)
+        if rank not in self._done:
+            self._floors.setdefault(rank, 0)
 
     def rank_done(self, rank: int) -> None:
-        """``rank`` finished or is gone: it no longer holds rows back."""
+        """``rank`` finished or is gone: it no longer holds rows back, even if records of it
+        still arrive (a dead rank's backlog)."""
+        self._done.add(rank)
         self._floors.pop(rank, None)
 
     def next_deadline(self) -> float | None:

@@ -16,6 +16,7 @@ GOODBYE: Final = 5
 CLOSE: Final = 6
 WELCOME: Final = 16
 DONE: Final = 17
+ACK: Final = 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +86,19 @@ class Welcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Ack:
+    """The logger's answer to a Goodbye: how many of the stream's records it received."""
+
+    received: int
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     """The logger's answer to Close, sent once the run is finished."""
 
     stats: dict[str, Any]
 
 
-Message = Hello | RecordBatch | ConfigUpdate | SummaryUpdate | Goodbye | Close | Welcome | Done
+Message = (
+    Hello | RecordBatch | ConfigUpdate | SummaryUpdate | Goodbye | Close | Welcome | Done | Ack
+)

@@ -24,8 +24,17 @@ def _is_number(value: Any) -> bool:
     return type(value) in (int, float)
 
 
+def _float_sum(values: list[Any]) -> float:
+    # fsum is exact, but raises on inf + -inf and on overflow where plain addition gives
+    # nan or inf, which is what an all_gather-and-sum would have produced.
+    try:
+        return math.fsum(values)
+    except (OverflowError, ValueError):
+        return float(sum(float(v) for v in values))
+
+
 def _mean(values: list[Any]) -> Any:
-    return math.fsum(values) / len(values) if all(map(_is_number, values)) else values[0]
+    return _float_sum(values) / len(values) if all(map(_is_number, values)) else values[0]
 
 
 def _sum(values: list[Any]) -> Any:
@@ -33,7 +42,7 @@ def _sum(values: list[Any]) -> Any:
         return values[0]
     if all(type(v) is int for v in values):
         return sum(values)
-    return math.fsum(values)
+    return _float_sum(values)
 
 
 def _min(values: list[Any]) -> Any:
@@ -55,6 +64,14 @@ _REDUCER_FUNCS: dict[str, Reducer] = {
     "max": _max,
     "first": _first,
 }
+
+
+def _reduce(name: str, values: list[Any]) -> Any:
+    # One odd key (mixed types min/max cannot order) must not sink the whole row.
+    try:
+        return _REDUCER_FUNCS[name](values)
+    except (TypeError, ValueError, OverflowError):
+        return values[0]
 
 
 def check_reduce(reduce: Any) -> dict[str, str]:
@@ -147,10 +164,10 @@ class RowBuilder:
                 for rank, value in zip(ranks_by_key[key], values, strict=True):
                     out[f"{key}/rank{rank}"] = value
                 if asked is not None:
-                    out[key] = _REDUCER_FUNCS[asked](values)
+                    out[key] = _reduce(asked, values)
             elif len(values) == 1:
                 out[key] = values[0]
             else:
-                out[key] = _REDUCER_FUNCS[asked or "mean"](values)
+                out[key] = _reduce(asked or "mean", values)
         out[self._step_key] = row.step
         return out

@@ -20,7 +20,9 @@ import zmq
 _MAX_IPC_PATH: Final = 100
 _SOCKET_NAME: Final = "logger.sock"
 
-_lock = threading.Lock()
+# Re-entrant: a SIGTERM handler runs on the main thread and may need it while that thread
+# already holds it.
+_lock = threading.RLock()
 _context: zmq.Context[zmq.Socket[bytes]] | None = None
 _context_pid: int = -1
 # Contexts inherited through fork. They are kept referenced, never used and never closed: the
@@ -33,7 +35,7 @@ def _forget_inherited() -> None:
     if _context is not None:
         _orphans.append(_context)
     _context, _context_pid = None, -1
-    _lock = threading.Lock()
+    _lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_forget_inherited)
@@ -106,7 +108,9 @@ class ClientSocket:
         self._closed = False
 
     def try_send(self, frame: bytes) -> bool:
-        """Queue ``frame`` without waiting; False when the queue is full."""
+        """Queue ``frame`` without waiting; False when the queue is full (or we are closed)."""
+        if self._closed:
+            return False
         try:
             self._sock.send(frame, zmq.NOBLOCK, copy=False)
             return True
@@ -117,12 +121,14 @@ class ClientSocket:
         """Queue ``frame``, waiting at most ``timeout`` seconds for room."""
         if self.try_send(frame):
             return True
-        if timeout <= 0 or not self._sock.poll(int(timeout * 1000), zmq.POLLOUT):
+        if self._closed or timeout <= 0 or not self._sock.poll(int(timeout * 1000), zmq.POLLOUT):
             return False
         return self.try_send(frame)
 
     def recv_within(self, timeout: float) -> bytes | None:
         """The next reply frame, waiting at most ``timeout`` seconds."""
+        if self._closed:
+            return None
         if timeout > 0 and not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
             return None
         try:
@@ -139,10 +145,12 @@ class ClientSocket:
 class LoggerSocket:
     """The logger's ROUTER: (identity, frame) in, replies out. Owned by one thread."""
 
-    def __init__(self, endpoint: str, recv_hwm: int) -> None:
+    def __init__(self, endpoint: str, recv_hwm: int, max_frame_bytes: int) -> None:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        # A peer that sends a bigger frame is disconnected by ZeroMQ before it is buffered.
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self._sock.setsockopt(zmq.RCVHWM, recv_hwm)
         self._sock.setsockopt(zmq.SNDHWM, 10_000)
         try:
