@@ -175,9 +175,10 @@ class Stream:
                 )
         elif received is None:
             _warn(
-                f"{who}: the logger did not confirm this rank's last records in time (it is "
-                f"behind or gone); up to {self._seq - self.dropped} sent records may be lost, "
-                f"{self.dropped} were dropped"
+                f"{who}: the logger did not confirm receipt within the exit timeout (it is "
+                f"behind, or stalled); any of this rank's {self._seq - self.dropped} sent "
+                f"records still queued in this process are discarded at exit and missing "
+                f"from the run ({self.dropped} more were dropped and counted)"
             )
         elif received < self._seq:
             _warn(f"{who}: {self._seq - received} of {self._seq} records did not reach the run")

@@ -104,8 +104,12 @@ class Reorderer:
         self._drop_stale_arrivals()
         return self._arrivals[0][0] + self._window if self._arrivals else None
 
-    def pop_ready(self, now: float) -> list[Row]:
-        """Release late rows, then every pending row that is safe or overdue, in step order."""
+    def pop_ready(self, now: float, window_applies: bool = True) -> list[Row]:
+        """Release late rows, then every pending row that is safe or overdue, in step order.
+
+        ``window_applies=False`` (the caller is behind on its input, so a straggler's records
+        may already be waiting to be read) releases only safe rows and the memory bound.
+        """
         out = self._take_late()
         floor = min(self._floors.values(), default=None)
         while self._heap:
@@ -114,9 +118,9 @@ class Reorderer:
             overdue = False
             if not safe:
                 deadline = self.next_deadline()
-                overdue = (deadline is not None and now >= deadline) or (
-                    len(self._rows) > self._max_rows
-                )
+                overdue = (
+                    window_applies and deadline is not None and now >= deadline
+                ) or len(self._rows) > self._max_rows
             if not (safe or overdue):
                 break
             out.append(self._release_smallest())

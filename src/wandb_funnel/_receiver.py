@@ -1,0 +1,279 @@
+"""The logger's receiving side: a thread that owns the socket and speaks the protocol.
+
+It takes frames off the socket as fast as they come, decodes them, assigns ranks, numbers
+and receipts each stream's records, notices dead ranks, and hands plain events to the writer
+(the logger's main thread, which may be slowed down by wandb). Its queue of events is bounded
+in records: when the writer falls that far behind, the receiver stops reading, ZeroMQ's
+queues fill up, and workers drop and count records instead of anyone's memory growing.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import _codec
+from ._lifecycle import pid_alive
+from ._records import (
+    Ack,
+    Close,
+    ConfigUpdate,
+    Goodbye,
+    Hello,
+    Record,
+    RecordBatch,
+    SummaryUpdate,
+    Welcome,
+)
+from ._transport import LoggerSocket
+
+_TICK = 0.05  # seconds between checks when the socket is quiet
+_LIVENESS_PERIOD = 0.25  # seconds between checks that ranks still live
+# A rank whose pid is dead is declared gone only once the socket was found empty at least
+# this long after its last frame: a rank that exited right after a burst may have thousands
+# of frames still queued, and a backlog is not a death.
+_GONE_QUIET = 1.0
+
+
+def log(message: str) -> None:
+    print(f"wandb-funnel logger: {message}", file=sys.stderr, flush=True)
+
+
+# ---- events for the writer -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Attached:
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    rank: int
+    records: list[Record]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    kind: str  # "config" or "summary"
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A rank finished (said goodbye) or is gone (died)."""
+
+    rank: int
+    gone: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CloseAsked:
+    exit_code: int
+    budget: float
+
+
+Event = Attached | Records | Update | Ended | CloseAsked
+
+
+@dataclass(slots=True)
+class _Peer:
+    """What the receiver knows of one stream (one rank of one process)."""
+
+    rank: int
+    pid: int
+    host: str
+    pid_start: int | None
+    last_seen: float
+    next_seq: int = 0
+    received: int = 0
+    ended: bool = False
+
+
+class Receiver(threading.Thread):
+    """Owns the logger socket until ``stop()``; all socket use happens on this thread."""
+
+    def __init__(
+        self, sock: LoggerSocket, token: str, max_frame: int, max_queued_records: int
+    ) -> None:
+        super().__init__(name="wandb-funnel-receiver", daemon=True)
+        self._sock = sock
+        self._token = token
+        self._max_frame = max_frame
+        self._host = socket.gethostname()
+        self._peers: dict[bytes, _Peer] = {}
+        self._used_ranks: set[int] = set()
+        self._next_rank = 1
+        self._caught_up_at = 0.0
+        self._stopping = threading.Event()
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._queued = 0  # records handed to the writer and not yet taken
+        self._room = threading.Condition()
+        self._max_queued = max_queued_records
+        self.closer: bytes | None = None
+        # Accounting (read by the writer once this thread has stopped).
+        self.dropped = 0
+        self.junk_frames = 0
+        self.rejected_peers = 0
+        self.dead_ranks: list[int] = []
+        self.failure: BaseException | None = None
+
+    # -- the writer's side -------------------------------------------------------------------
+    def taken(self, records: int) -> None:
+        """The writer consumed ``records`` records: room for that many more."""
+        with self._room:
+            self._queued -= records
+            self._room.notify()
+
+    def stop(self, timeout: float) -> None:
+        """Stop reading (after taking what is already queued); bounded."""
+        self._stopping.set()
+        self.join(timeout)
+
+    @property
+    def ranks(self) -> int:
+        return len(self._peers)
+
+    def unfinished(self) -> list[tuple[int, int]]:
+        """(rank, pid) of every stream that has neither said goodbye nor died."""
+        return [(p.rank, p.pid) for p in list(self._peers.values()) if not p.ended]
+
+    # -- the thread ----------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # never die silently: the writer reports it
+            self.failure = exc
+            log(f"receiver failed: {exc!r}")
+
+    def _serve(self) -> None:
+        next_check = 0.0
+        while not self._stopping.is_set():
+            if not self._sock.wait(_TICK) or self._drain(200):
+                self._caught_up_at = time.monotonic()
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + _LIVENESS_PERIOD
+                self._check_liveness()
+        self._drain(1_000_000, block_for_room=False)  # what is already queued, bounded by HWMs
+
+    def _drain(self, limit: int, block_for_room: bool = True) -> bool:
+        """Take up to ``limit`` frames; True when the socket ran empty."""
+        for _ in range(limit):
+            message = self._sock.recv_nowait()
+            if message is None:
+                return True
+            identity, frames = message
+            if len(frames) != 1:
+                self.junk_frames += 1
+                continue
+            try:
+                decoded = _codec.decode(frames[0], self._max_frame)
+            except _codec.DecodeError:
+                self.junk_frames += 1
+                continue
+            self._handle(identity, decoded, block_for_room)
+        return False
+
+    def _handle(self, identity: bytes, message: Any, block_for_room: bool) -> None:
+        if isinstance(message, Hello):
+            self._hello(identity, message)
+            return
+        if isinstance(message, Close):
+            if message.token != self._token:
+                self.rejected_peers += 1
+            elif self.closer is None:
+                self.closer = identity
+                self.events.put(CloseAsked(message.exit_code, message.budget))
+            return
+        peer = self._peers.get(identity)
+        if peer is None:  # never said hello (or was rejected): junk, counted
+            self.junk_frames += 1
+            return
+        peer.last_seen = time.monotonic()
+        if isinstance(message, RecordBatch):
+            self._records(peer, message, block_for_room)
+        elif isinstance(message, Goodbye):
+            if message.produced > peer.next_seq:
+                self._drop(message.produced - peer.next_seq, f"rank {peer.rank}: never delivered")
+            self._end(peer, gone=False)
+            # The receipt lets the worker know (and say) whether anything went missing.
+            self._sock.reply(identity, _codec.encode_ack(Ack(peer.received)))
+        elif isinstance(message, ConfigUpdate):
+            self.events.put(Update("config", message.data))
+        elif isinstance(message, SummaryUpdate):
+            self.events.put(Update("summary", message.data))
+        else:
+            self.junk_frames += 1
+
+    def _hello(self, identity: bytes, hello: Hello) -> None:
+        if hello.token != self._token:
+            self.rejected_peers += 1
+            return
+        peer = self._peers.get(identity)
+        if peer is None:
+            rank = hello.requested_rank
+            if rank is None or rank in self._used_ranks:
+                while self._next_rank in self._used_ranks:
+                    self._next_rank += 1
+                rank = self._next_rank
+            self._used_ranks.add(rank)
+            peer = self._peers[identity] = _Peer(
+                rank, hello.pid, hello.host, hello.pid_start, time.monotonic()
+            )
+            self.events.put(Attached(rank))
+        self._sock.reply(identity, _codec.encode_welcome(Welcome(peer.rank)))
+
+    def _records(self, peer: _Peer, batch: RecordBatch, block_for_room: bool) -> None:
+        if batch.first_seq < peer.next_seq:
+            self.junk_frames += 1  # a replay of numbers already seen
+            return
+        if batch.first_seq > peer.next_seq:  # the worker dropped (and counted) these
+            self._drop(batch.first_seq - peer.next_seq, f"rank {peer.rank}: worker queue full")
+        count = len(batch.records)
+        peer.next_seq = batch.first_seq + count
+        if not self._reserve(count, block_for_room):
+            self._drop(count, "the logger's queue is full (wandb is slower than the workers)")
+            return
+        peer.received += count
+        self.events.put(Records(peer.rank, batch.records))
+
+    def _reserve(self, count: int, block: bool) -> bool:
+        """Take room for ``count`` records, waiting while the writer catches up (unless
+        stopping). Waiting here is the backpressure: ZeroMQ's queues fill behind us."""
+        if count > self._max_queued:
+            return False
+        with self._room:
+            while self._queued + count > self._max_queued:
+                if not block or self._stopping.is_set():
+                    return False
+                self._room.wait(_TICK)
+            self._queued += count
+        return True
+
+    def _end(self, peer: _Peer, gone: bool) -> None:
+        if not peer.ended:
+            peer.ended = True
+            self.events.put(Ended(peer.rank, gone))
+
+    def _drop(self, count: int, why: str) -> None:
+        self.dropped += count
+        log(f"{count} records dropped ({why})")
+
+    def _check_liveness(self) -> None:
+        for peer in list(self._peers.values()):
+            if (
+                not peer.ended
+                and peer.host == self._host
+                and self._caught_up_at - peer.last_seen >= _GONE_QUIET
+                and not pid_alive(peer.pid, peer.pid_start)
+            ):
+                self.dead_ranks.append(peer.rank)
+                self._end(peer, gone=True)
+                log(
+                    f"rank {peer.rank} (pid {peer.pid}) died without finishing; "
+                    f"records it had not yet sent are lost"
+                )
