@@ -112,8 +112,12 @@ class Scripts:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            out, err = proc.communicate()
+            # Processes in other sessions (the logger, wandb-core) may hold the pipes open.
             leftovers = leftover_processes(self.mark, grace=0)
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                out, err = "", "(pipes still held open)"
             pytest.fail(
                 f"scenario hung past {timeout}s\n--- stdout\n{out}\n--- stderr\n{err}\n"
                 f"leftovers: {leftovers}"

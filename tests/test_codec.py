@@ -192,3 +192,10 @@ def test_any_valid_records_round_trip(records: list[tuple[int, bool, dict]]) -> 
     """Every valid record decodes to equal data (NaN compared by repr)."""
     batch = _batch(records)
     assert repr([(r.step, r.committed, r.data) for r in batch.records]) == repr(records)
+
+
+@pytest.mark.parametrize("value", [b"raw", bytearray(b"x"), [1, b"in-list"], {"deep": b"x"}])
+def test_bytes_are_refused_at_the_call_site(value: object) -> None:
+    """wandb cannot store raw bytes, so they are refused where they are logged."""
+    with pytest.raises(TypeError, match=r"bytes|bytearray"):
+        _codec.check_data({"k": value})

@@ -189,3 +189,16 @@ def test_same_rank_same_step_merges_later_wins() -> None:
     buf.add(0, 0, True, {"a": 2}, 0.0)
     (row,) = buf.pop_all()
     assert row.parts == {0: {"a": 2, "b": 1}} and row.records == 2
+
+
+def test_a_finished_rank_never_holds_rows_again() -> None:
+    """Records from a rank that finished or died (a backlog read late) do not revive its
+    floor: later rows still flow without waiting for the window."""
+    buf = Reorderer(window=100.0, max_pending_rows=100)
+    buf.rank_attached(0)
+    buf.rank_attached(1)
+    buf.rank_done(1)
+    buf.add(1, 5, False, {"stray": 1}, 0.0)
+    buf.add(0, 0, True, {"a": 0}, 0.0)
+    buf.add(0, 6, True, {"a": 6}, 0.0)
+    assert [r.step for r in buf.pop_ready(0.0)] == [0, 5, 6]

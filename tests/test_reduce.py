@@ -89,3 +89,18 @@ def test_bad_reduce_is_rejected(reduce: object, exc: type) -> None:
 def test_bad_run_mode_is_rejected() -> None:
     with pytest.raises(ValueError, match="run_mode"):
         RowBuilder("everything", {}, "s")
+
+
+def test_infinities_and_overflow_reduce_like_plain_arithmetic() -> None:
+    """inf + -inf gives nan and huge values give inf (fsum would raise and sink the row)."""
+    b = RowBuilder("auto", check_reduce({"s": "sum"}), "g")
+    parts = {0: {"m": math.inf, "s": 1e308, "o": 1}, 1: {"m": -math.inf, "s": 1e308}}
+    out = b.build(_row(0, parts))
+    assert math.isnan(out["m"]) and out["s"] == math.inf and out["o"] == 1
+
+
+def test_unorderable_values_fall_back_to_first() -> None:
+    """min over values that cannot be compared keeps the lowest rank's, not an exception."""
+    b = RowBuilder("auto", check_reduce({"k": "min"}), "g")
+    out = b.build(_row(0, {0: {"k": [1]}, 1: {"k": 2.0}}))
+    assert out["k"] == [1]

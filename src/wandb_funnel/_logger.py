@@ -52,6 +52,9 @@ class Logger:
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
         self._signal_code: int | None = None
+        self._owner_lost = False  # set by the owner-watching thread
+        self._watchdog_lock = threading.Lock()
+        self._watchdog_armed = False
         self._sink_broken: str | None = None
         self.records = 0  # records written into the run
         self.dropped = 0  # records that reached the logger but not the run
@@ -62,7 +65,7 @@ class Logger:
         """Run until closed; returns the exit code the run was finished with."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        next_check = 0.0
+        threading.Thread(target=self._watch_owner, name="wandb-funnel-owner", daemon=True).start()
         while True:
             now = time.monotonic()
             deadline = self._order.next_deadline()
@@ -73,9 +76,8 @@ class Logger:
             # out while the straggler's records wait in the queue, so rows wait for floors (or
             # the memory bound) until the writer has caught up.
             self._write(self._order.pop_ready(now, window_applies=caught_up))
-            if now >= next_check:
-                next_check = now + LOGGER_TICK
-                self._check_owner()
+            if self._owner_lost and self._closing is None:
+                self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "owner lost")
             if self._signal_code is not None and self._closing is None:
                 self._begin_close(self._signal_code, _SIGNAL_BUDGET, "signalled")
             if self._closing is not None:
@@ -124,15 +126,26 @@ class Logger:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
 
-    def _check_owner(self) -> None:
-        if os.getppid() != self._owner_pid and self._closing is None:
-            log(f"the owner (pid {self._owner_pid}) is gone without closing; finishing the run")
-            self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "owner lost")
+    def _watch_owner(self) -> None:
+        """On its own thread: the main thread may be stuck inside wandb when the owner dies,
+        and then nobody else would ever end this process."""
+        while os.getppid() == self._owner_pid:
+            time.sleep(LOGGER_TICK)
+        log(f"the owner (pid {self._owner_pid}) is gone without closing; finishing the run")
+        self._owner_lost = True
+        self._arm_watchdog(self._close_timeout)
 
     def _begin_close(self, exit_code: int, budget: float, why: str) -> None:
         # Half the budget for stragglers, the rest to write rows and finish wandb.
         budget = max(0.0, budget)
         self._closing = (exit_code, time.monotonic() + budget / 2, why)
+        self._arm_watchdog(budget)
+
+    def _arm_watchdog(self, budget: float) -> None:
+        with self._watchdog_lock:
+            if self._watchdog_armed:
+                return
+            self._watchdog_armed = True
         watchdog = threading.Timer(budget + _WATCHDOG_GRACE, self._give_up, args=(budget,))
         watchdog.daemon = True
         watchdog.start()

@@ -427,3 +427,96 @@ if __name__ == "__main__":
     assert reports(res.stdout)["exitcode"] == 7
     run = only_run(scripts.wandb_dir)
     assert [s for s, _ in run.column("c")] == list(range(50))
+
+
+def test_backlog_at_exit_is_delivered_or_counted(scripts: Scripts) -> None:
+    """Workers that log a burst and exit at once leave the logger behind: every record still
+    ends up in the run or counted as dropped, and no finished rank is mistaken for dead."""
+    res = scripts.run(PRELUDE + """
+def child(i):
+    run = wf.init()
+    for s in range(30000):
+        run.log({"v": float(s)}, step=s)
+    run.finish()
+
+if __name__ == "__main__":
+    with wf.Funnel(project="t", close_timeout=60) as funnel:
+        ctx = mp.get_context("spawn")
+        ps = [ctx.Process(target=child, args=(i,)) for i in range(3)]
+        for p in ps: p.start()
+        for p in ps: p.join(120)
+    report(stats=funnel.stats, codes=[p.exitcode for p in ps])
+""", timeout=150)
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    stats = info["stats"]
+    assert info["codes"] == [0, 0, 0]
+    assert stats["funnel/records"] + stats["funnel/dropped_records"] == 90000
+    assert stats["funnel/dead_ranks"] == 0
+    assert "died without finishing" not in res.stderr
+    run = only_run(scripts.wandb_dir)
+    assert run.summary["funnel/records"] == stats["funnel/records"]
+
+
+def test_logger_watchdog_when_owner_dies_and_wandb_stalls(scripts: Scripts) -> None:
+    """Owner SIGKILLed while wandb-core is stalled: nobody is left to kill the logger, so it
+    ends itself once its budget is spent (close_timeout plus a grace); nothing outlives it."""
+    proc = scripts.start(PRELUDE + """
+import psutil
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t", close_timeout=3).start()
+    funnel.log({"x": 1})
+    core = [p.pid for p in psutil.Process().children(recursive=True) if "wandb-core" in p.name()]
+    report(logger_pid=funnel.logger_pid, core=core)
+    time.sleep(60)
+""")
+    t0 = time.monotonic()
+    info = wait_for_report(proc, "logger_pid")
+    cores = [psutil.Process(pid) for pid in info["core"]]
+    try:
+        for core in cores:
+            core.suspend()
+        proc.kill()
+        proc.wait(10)  # not communicate(): the stopped wandb-core holds the output pipes
+        killed_at = time.monotonic()
+        logger = info["logger_pid"]
+        while psutil.pid_exists(logger) and time.monotonic() - killed_at < 20:
+            if psutil.Process(logger).status() == psutil.STATUS_ZOMBIE:
+                break
+            time.sleep(0.1)
+        gone_after = time.monotonic() - killed_at
+    finally:
+        for core in cores:
+            try:
+                core.resume()
+            except psutil.Error:
+                pass
+    res = scripts.finish(proc, 30, t0)
+    assert gone_after < 3 + 1 + 2  # budget + watchdog grace + detection slack
+    assert "could not finish the run within its" in res.stderr
+    assert res.leftovers == []
+
+
+def test_init_does_not_wait_on_a_dead_logger(scripts: Scripts) -> None:
+    """With the logger dead, a worker's init() returns at once (it knows the pid is gone)
+    instead of waiting for a welcome that cannot come; logging goes on."""
+    res = scripts.run(PRELUDE + """
+def child(q):
+    t = time.monotonic()
+    run = wf.init()
+    run.log({"x": 1})
+    q.put(time.monotonic() - t)
+
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t").start()
+    os.kill(funnel.logger_pid, signal.SIGKILL)
+    time.sleep(0.3)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,)); p.start()
+    report(init_s=q.get(timeout=60))
+    p.join(30)
+    funnel.close()
+""")
+    assert res.returncode == 0, res.stderr
+    assert reports(res.stdout)["init_s"] < 3
