@@ -170,14 +170,17 @@ if __name__ == "__main__":
     assert res.leftovers == []
 
 
-def test_worker_keeps_its_signal_disposition(scripts: Scripts) -> None:
-    """A worker that would die of SIGTERM still dies of it, after flushing what it logged."""
-    res = scripts.run(
-        PRELUDE
-        + """
+@pytest.mark.parametrize("own_handler", [False, True])
+def test_worker_keeps_its_signal_disposition(scripts: Scripts, own_handler: bool) -> None:
+    """SIGTERM is never swallowed: a worker that would die of it still dies of it, and a
+    worker's own handler still runs (here it exits with 7); either way the records it logged
+    before the signal are flushed into the run first."""
+    res = scripts.run(PRELUDE + f"""
 def child(ready):
+    if {own_handler}:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
     for s in range(100):
-        wf.log({"c": s}, step=s)
+        wf.log({{"c": s}}, step=s)
     ready.set()
     time.sleep(60)
 
@@ -190,10 +193,9 @@ if __name__ == "__main__":
         ready.wait(60)
         p.terminate(); p.join(30)
     report(exitcode=p.exitcode)
-"""
-    )
+""")
     assert res.returncode == 0, res.stderr
-    assert reports(res.stdout)["exitcode"] == -signal.SIGTERM
+    assert reports(res.stdout)["exitcode"] == (7 if own_handler else -signal.SIGTERM)
     run = only_run(scripts.wandb_dir)
     assert [s for s, _ in run.column("c")] == list(range(100))
 
@@ -398,35 +400,6 @@ if __name__ == "__main__":
     assert sorted(len(r.history) for r in runs) == [3, 3]
     assert all(r.exit_code == 0 for r in runs)
     assert res.leftovers == []
-
-
-def test_user_sigterm_handler_still_runs_after_a_flush(scripts: Scripts) -> None:
-    """A worker's own SIGTERM handler is chained, not replaced: it runs (here it exits with
-    7), and the records logged before the signal are in the run."""
-    res = scripts.run(PRELUDE + """
-def child(ready):
-    def handler(signum, frame):
-        sys.exit(7)
-    signal.signal(signal.SIGTERM, handler)
-    for s in range(50):
-        wf.log({"c": s}, step=s)
-    ready.set()
-    time.sleep(60)
-
-if __name__ == "__main__":
-    with wf.Funnel(project="t") as funnel:
-        ctx = mp.get_context("spawn")
-        ready = ctx.Event()
-        p = ctx.Process(target=child, args=(ready,))
-        p.start()
-        ready.wait(60)
-        p.terminate(); p.join(30)
-    report(exitcode=p.exitcode)
-""")
-    assert res.returncode == 0, res.stderr
-    assert reports(res.stdout)["exitcode"] == 7
-    run = only_run(scripts.wandb_dir)
-    assert [s for s, _ in run.column("c")] == list(range(50))
 
 
 def test_backlog_at_exit_is_delivered_or_counted(scripts: Scripts) -> None:

@@ -16,6 +16,22 @@ pytestmark = pytest.mark.processes
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 
 
+def run_example(scripts: Scripts, name: str, *args: str) -> str:
+    """Run ``examples/<name>`` as a user would, in the scenario's WANDB_DIR; returns stdout."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        cwd=scripts.tmp_path,
+        env=scripts.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 @pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
 def test_pool_workers_log_every_step(scripts: Scripts, method: str) -> None:
     """Pool workers started by each start method log through wf.log; the run has every
@@ -56,17 +72,7 @@ if __name__ == "__main__":
 def test_example_pool_spawn_4x200(scripts: Scripts) -> None:
     """The README demo: 4 spawn workers x 200 steps read back with all 800 records, one row
     per step in step order, loss reduced by mean and throughput by sum, exit code 0."""
-    import subprocess
-
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "pool_spawn.py"), "--workers", "4", "--steps", "200"],
-        cwd=scripts.tmp_path,
-        env=scripts.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    run_example(scripts, "pool_spawn.py", "--workers", "4", "--steps", "200")
     run = only_run(scripts.wandb_dir)
     assert [row["global_step"] for row in run.history] == list(range(200))
     assert run.exit_code == 0
@@ -83,18 +89,8 @@ def test_example_pool_spawn_4x200(scripts: Scripts) -> None:
 def test_spawn_process_pattern(scripts: Scripts) -> None:
     """W&B's "Spawn process" pattern: each Pool task's init() is a new rank, steps from 0,
     in one shared-mode run with per-rank keys, and each task's config lands in the run."""
-    import subprocess
-
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "spawn_process.py"), "--tasks", "6"],
-        cwd=scripts.tmp_path,
-        env=scripts.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "ranks [1, 2, 3, 4, 5, 6]" in proc.stdout
+    stdout = run_example(scripts, "spawn_process.py", "--tasks", "6")
+    assert "ranks [1, 2, 3, 4, 5, 6]" in stdout
     run = only_run(scripts.wandb_dir)
     for rank in range(1, 7):
         col = run.column(f"acc/rank{rank}")
@@ -106,18 +102,8 @@ def test_spawn_process_pattern(scripts: Scripts) -> None:
 
 def test_share_run_pattern(scripts: Scripts) -> None:
     """W&B's "Share a run" pattern: a Run passed to spawned children; their records land."""
-    import subprocess
-
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "share_run.py"), "--children", "2"],
-        cwd=scripts.tmp_path,
-        env=scripts.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "exit codes [0, 0]" in proc.stdout
+    stdout = run_example(scripts, "share_run.py", "--children", "2")
+    assert "exit codes [0, 0]" in stdout
     run = only_run(scripts.wandb_dir)
     for child in range(2):
         assert sorted(s for s, _ in run.column(f"child{child}/seen")) == list(range(20))
