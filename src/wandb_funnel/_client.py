@@ -127,7 +127,9 @@ class Stream:
             self._lock.release()
 
     # -- the end of a stream ---------------------------------------------------------------
-    def close(self, reason: str, timeout: float = FINAL_FLUSH_TIMEOUT) -> None:
+    def close(
+        self, reason: str, timeout: float = FINAL_FLUSH_TIMEOUT, exit_code: int = 0
+    ) -> None:
         """Send what is left and a goodbye, wait for the logger's receipt; all within
         ``timeout`` seconds. Warns with numbers when anything may be missing from the run."""
         deadline = time.monotonic() + timeout
@@ -142,7 +144,7 @@ class Stream:
                 return max(0.0, deadline - time.monotonic()) if alive else 0.0
 
             self._send_batch(left())
-            goodbye = _codec.encode_goodbye(Goodbye(self._seq, reason))
+            goodbye = _codec.encode_goodbye(Goodbye(self._seq, reason, exit_code))
             said_goodbye = self._sock.send_within(goodbye, left())
             received = self._await_ack(deadline) if said_goodbye and alive else None
             self.closed = True
@@ -308,14 +310,14 @@ def flush_all() -> None:
         stream.flush(0.0)
 
 
-def close_all(reason: str, timeout: float = FINAL_FLUSH_TIMEOUT) -> None:
+def close_all(reason: str, timeout: float = FINAL_FLUSH_TIMEOUT, exit_code: int = 0) -> None:
     """Close every stream of this process and let their frames leave; bounded by ``timeout``."""
     deadline = time.monotonic() + timeout
     for stream in open_streams():
-        stream.close(reason, max(0.0, deadline - time.monotonic()))
+        stream.close(reason, max(0.0, deadline - time.monotonic()), exit_code)
     _stop_flusher()
     term_process_context(max(0.1, deadline - time.monotonic()))
 
 
 def _close_all_on_exit(exit_code: int, reason: str) -> None:
-    close_all(reason if exit_code == 0 else f"{reason} (exit code {exit_code})")
+    close_all(reason, exit_code=exit_code)

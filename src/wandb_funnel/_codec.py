@@ -214,7 +214,7 @@ def encode_update(kind: int, data: dict[str, Any], max_record_bytes: int) -> byt
 
 def encode_goodbye(goodbye: Goodbye) -> bytes:
     return msgpack.packb(  # type: ignore[no-any-return]
-        (PROTOCOL_VERSION, GOODBYE, goodbye.produced, goodbye.reason)
+        (PROTOCOL_VERSION, GOODBYE, goodbye.produced, goodbye.reason, goodbye.exit_code)
     )
 
 
@@ -295,9 +295,9 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             _want(all(type(k) is str for k in body[0]), "update has a non-str key")
             return ConfigUpdate(body[0]) if kind == CONFIG else SummaryUpdate(body[0])
         if kind == GOODBYE:
-            _want(len(body) == 2 and _is_int(body[0]) and type(body[1]) is str, "bad goodbye")
-            _want(body[0] >= 0, "bad goodbye count")
-            return Goodbye(body[0], body[1])
+            _want(len(body) == 3 and _is_int(body[0]) and type(body[1]) is str, "bad goodbye")
+            _want(body[0] >= 0 and _is_int(body[2]), "bad goodbye count or exit code")
+            return Goodbye(body[0], body[1], body[2])
         if kind == CLOSE:
             _want(len(body) == 3, "close needs 3 fields")
             token, code, budget = body

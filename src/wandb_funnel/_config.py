@@ -54,8 +54,10 @@ TRANSACTION_LOG_FLUSH_INTERVAL: Final = 1
 EXIT_OK: Final = 0
 EXIT_EXCEPTION: Final = 1
 EXIT_OWNER_LOST: Final = 1  # the owner vanished without closing (killed, or os._exit)
+EXIT_RANK_DIED: Final = 1  # run_mode="new": the run of a rank that died without finishing
 EXIT_SIGINT: Final = 130  # 128 + SIGINT, the shell's convention
 EXIT_SIGTERM: Final = 143  # 128 + SIGTERM
 
 REDUCERS: Final = ("mean", "sum", "min", "max", "first")
-RUN_MODES: Final = ("auto", "shared")
+RUN_MODES: Final = ("auto", "shared", "new")
+RANK_SCOPES: Final = ("global", "worker")

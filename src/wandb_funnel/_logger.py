@@ -18,11 +18,20 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _codec
-from ._config import BATCH_BYTES, EXIT_OWNER_LOST, EXIT_SIGINT, EXIT_SIGTERM, LOGGER_TICK
-from ._ordering import Reorderer, Row
+from ._channel import Channel
+from ._config import (
+    BATCH_BYTES,
+    EXIT_OWNER_LOST,
+    EXIT_RANK_DIED,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    LOGGER_TICK,
+)
+from ._ordering import Reorderer
 from ._receiver import Attached, CloseAsked, Ended, Event, Receiver, Records, Update, log
 from ._records import Done
 from ._reduce import RowBuilder
@@ -39,26 +48,57 @@ _WATCHDOG_GRACE = 1.0
 
 
 class Logger:
-    """One funnel's writer: the reorder buffer and the sink, fed by the receiver."""
+    """One funnel's writer: routes the receiver's events to channels (one wandb run each)."""
 
-    def __init__(self, cfg: dict[str, Any], sink: Sink, receiver: Receiver) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], receiver: Receiver, open_sink: Callable[..., Sink]
+    ) -> None:
+        self._cfg = cfg
         self._owner_pid: int = cfg["owner_pid"]
         self._close_timeout: float = cfg["close_timeout"]
         self._ipc_dir: str | None = cfg.get("ipc_dir")
-        self._sink = sink
         self._receiver = receiver
-        self._order = Reorderer(cfg["reorder_window"], cfg["max_pending_rows"])
-        self._builder = RowBuilder(cfg["run_mode"], cfg["reduce"], cfg["step_key"])
+        self._open_sink = open_sink
+        self._per_rank: dict[str, Any] | None = cfg.get("per_rank")  # run_mode="new"
+        self._channels: dict[int | None, Channel] = {}
+        if self._per_rank is None:
+            self._channels[None] = self._new_channel(open_sink({}), cfg["init_kwargs"]["id"])
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
+        self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
         self._signal_code: int | None = None
         self._owner_lost = False  # set by the owner-watching thread
         self._watchdog_lock = threading.Lock()
         self._watchdog_armed = False
-        self._sink_broken: str | None = None
-        self.records = 0  # records written into the run
-        self.dropped = 0  # records that reached the logger but not the run
         self.final_stats: dict[str, Any] | None = None
+
+    def _new_channel(self, sink: Sink | None, name: str) -> Channel:
+        cfg = self._cfg
+        mode = "shared" if cfg["run_mode"] == "shared" else "auto"
+        return Channel(
+            sink,
+            Reorderer(cfg["reorder_window"], cfg["max_pending_rows"]),
+            RowBuilder(mode, cfg["reduce"], cfg["step_key"]),
+            name,
+        )
+
+    def _channel(self, rank: int) -> Channel:
+        """The channel rank's records go to (in run_mode="new", its own run, opened now)."""
+        if self._per_rank is None:
+            return self._channels[None]
+        channel = self._channels.get(rank)
+        if channel is None:
+            per = self._per_rank
+            names = {"rank": rank, "local_rank": rank - per["rank_offset"]}
+            run_id = per["id"].format(**names)
+            sink: Sink | None
+            try:
+                sink = self._open_sink({"id": run_id, "group": per["group"].format(**names)})
+            except Exception as exc:
+                log(f"could not open run {run_id!r} for rank {rank}: {exc!r}")
+                sink = None
+            channel = self._channels[rank] = self._new_channel(sink, run_id)
+        return channel
 
     # -- the loop ------------------------------------------------------------------------------
     def serve(self) -> int:
@@ -68,24 +108,26 @@ class Logger:
         threading.Thread(target=self._watch_owner, name="wandb-funnel-owner", daemon=True).start()
         while True:
             now = time.monotonic()
-            deadline = self._order.next_deadline()
-            wait = LOGGER_TICK if deadline is None else min(LOGGER_TICK, max(0.0, deadline - now))
+            deadlines = [d for c in self._channels.values() if (d := c.order.next_deadline())]
+            wait = min([LOGGER_TICK, *(max(0.0, d - now) for d in deadlines)])
             caught_up = self._take_events(wait, _EVENTS_PER_WAKE)
             now = time.monotonic()
             # While events are still queued the writer is behind: a row's window may have run
             # out while the straggler's records wait in the queue, so rows wait for floors (or
             # the memory bound) until the writer has caught up.
-            self._write(self._order.pop_ready(now, window_applies=caught_up))
+            for channel in self._channels.values():
+                if not channel.finished:
+                    channel.write(channel.order.pop_ready(now, window_applies=caught_up))
             if self._owner_lost and self._closing is None:
                 self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "owner lost")
             if self._signal_code is not None and self._closing is None:
                 self._begin_close(self._signal_code, _SIGNAL_BUDGET, "signalled")
+            if not self._receiver.is_alive() and self._closing is None:
+                self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "receiver failed")
             if self._closing is not None:
                 _, straggler_deadline, _ = self._closing
                 if (not self._active and caught_up) or now >= straggler_deadline:
                     break
-            if not self._receiver.is_alive() and self._closing is None:
-                self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "receiver failed")
         return self._finish()
 
     def _take_events(self, wait: float, limit: int) -> bool:
@@ -106,22 +148,32 @@ class Logger:
         return events.empty()
 
     def _handle(self, event: Event) -> None:
-        now = time.monotonic()
         if isinstance(event, Records):
+            now = time.monotonic()
+            order = self._channel(event.rank).order
             for rec in event.records:
-                self._order.add(event.rank, rec.step, rec.committed, rec.data, now)
+                order.add(event.rank, rec.step, rec.committed, rec.data, now)
             self._receiver.taken(len(event.records))
         elif isinstance(event, Attached):
             self._active.add(event.rank)
-            self._order.rank_attached(event.rank)
+            self._channel(event.rank).order.rank_attached(event.rank)
         elif isinstance(event, Ended):
-            self._active.discard(event.rank)
-            self._order.rank_done(event.rank)
+            self._ended(event)
         elif isinstance(event, Update):
-            fn = self._sink.update_config if event.kind == "config" else self._sink.update_summary
-            self._sink_call(event.kind, fn, event.data)
+            self._channel(event.rank).update(event.kind, event.data)
         elif isinstance(event, CloseAsked) and self._closing is None:
             self._begin_close(event.exit_code, event.budget, "closed by the owner")
+
+    def _ended(self, event: Ended) -> None:
+        self._active.discard(event.rank)
+        channel = self._channel(event.rank)
+        channel.order.rank_done(event.rank)
+        if event.exit_code:
+            self._failed[event.rank] = event.exit_code
+        if self._per_rank is not None:
+            # A rank's own run ends with the rank: its exit code, or 1 when it died.
+            code = EXIT_RANK_DIED if event.gone else event.exit_code
+            channel.finish(code, {"funnel/ranks": 1, "funnel/dead_ranks": int(event.gone)})
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
@@ -158,45 +210,25 @@ class Logger:
         remove_ipc_dir(self._ipc_dir)
         os._exit(3)
 
-    # -- writing -------------------------------------------------------------------------------
-    def _write(self, rows: list[Row]) -> None:
-        for row in rows:
-            if self._sink_broken is not None:
-                self.dropped += row.records
-                continue
-            try:
-                self._sink.log(self._builder.build(row))
-                self.records += row.records
-            except Exception as exc:  # wandb-core gone, or a value wandb refuses
-                if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
-                    self._sink_broken = repr(exc)
-                    log(f"wandb stopped taking rows ({exc!r}); counting the rest as dropped")
-                else:
-                    log(f"wandb refused the row at step {row.step}: {exc!r}")
-                self.dropped += row.records
-
-    def _sink_call(self, what: str, fn: Any, data: dict[str, Any]) -> None:
-        if self._sink_broken is None:
-            try:
-                fn(data)
-            except Exception as exc:
-                log(f"wandb refused a {what} update {list(data)!r}: {exc!r}")
-
+    # -- the end -------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
+        """The whole funnel's accounting (all channels)."""
         rx = self._receiver
+        channels = list(self._channels.values())
         return {
-            "funnel/records": self.records,
-            "funnel/late_records": self._order.late_records,
-            "funnel/dropped_records": self.dropped + rx.dropped,
+            "funnel/records": sum(c.records for c in channels),
+            "funnel/late_records": sum(c.order.late_records for c in channels),
+            "funnel/dropped_records": sum(c.dropped for c in channels) + rx.dropped,
             "funnel/ranks": rx.ranks,
             "funnel/dead_ranks": len(rx.dead_ranks),
+            "funnel/failed_ranks": len(self._failed),
             "funnel/junk_frames": rx.junk_frames,
-            "funnel/rejected_peers": rx.rejected_peers,
+            "funnel/rejected_peers": rx.rejected_peers + rx.auth_failures,
         }
 
     def _finish(self) -> int:
         assert self._closing is not None
-        exit_code, _, why = self._closing
+        owner_code, _, why = self._closing
         self._receiver.stop(timeout=5.0)  # it takes in what is already queued, then stops
         while not self._take_events(0.0, 1_000_000):
             pass
@@ -205,20 +237,27 @@ class Logger:
                 f"rank {rank} (pid {pid}) had not finished when the run closed ({why}); "
                 f"records it sends from now on are lost"
             )
-        self._write(self._order.pop_all())
+        # A rank that raised fails the run even when the owner ended cleanly.
+        exit_code = owner_code or next(iter(self._failed.values()), 0)
+        extra = {k: v for k, v in self.stats().items() if k not in _PER_CHANNEL}
+        extra["funnel/exit_reason"] = why
+        # Records the receiver dropped belong to the one run, unless there is a run per rank.
+        elsewhere = self._receiver.dropped if self._per_rank is None else 0
+        for channel in self._channels.values():
+            channel.finish(exit_code, extra, elsewhere)
         stats = self.stats()
         stats["funnel/exit_reason"] = why
-        dropped, late = stats["funnel/dropped_records"], stats["funnel/late_records"]
-        if dropped or late:
-            log(f"{dropped} records dropped, {late} logged late (after their row was written)")
-        self._sink_call("summary", self._sink.update_summary, stats)
-        try:
-            if self._sink_broken is None:
-                self._sink.finish(exit_code)
-        except Exception as exc:
-            log(f"wandb could not finish the run: {exc!r}")
+        if stats["funnel/dropped_records"] or stats["funnel/late_records"]:
+            log(
+                f"{stats['funnel/dropped_records']} records dropped, "
+                f"{stats['funnel/late_records']} logged late (after their row was written)"
+            )
         self.final_stats = stats
         return exit_code
+
+
+# Counted per run by each channel itself; everything else is the funnel's.
+_PER_CHANNEL = ("funnel/records", "funnel/late_records", "funnel/dropped_records")
 
 
 def _write_ready(fd: int, payload: dict[str, Any]) -> None:
@@ -239,18 +278,20 @@ def main() -> int:
     try:
         from .sinks.wandb import WandbSink
 
+        def open_sink(overrides: dict[str, Any]) -> Sink:
+            return WandbSink({**cfg["init_kwargs"], **overrides}, cfg["step_key"])
+
         sock = LoggerSocket(cfg["address"], _PEER_RCV_HWM, max_frame)
-        sink = WandbSink(cfg["init_kwargs"], cfg["step_key"])
+        receiver = Receiver(sock, cfg["token"], max_frame, _MAX_QUEUED_RECORDS)
+        logger = Logger(cfg, receiver, open_sink)  # opens the run (but in run_mode="new")
     except BaseException as exc:
         if sock is not None:
             sock.close()
         remove_ipc_dir(cfg.get("ipc_dir"))
         _write_ready(ready_fd, {"error": f"{type(exc).__name__}: {exc}"})
         return 1
-    receiver = Receiver(sock, cfg["token"], max_frame, _MAX_QUEUED_RECORDS)
     receiver.start()
-    logger = Logger(cfg, sink, receiver)
-    _write_ready(ready_fd, {"run_id": sink.run_id, "pid": os.getpid()})
+    _write_ready(ready_fd, {"run_id": cfg["init_kwargs"]["id"], "pid": os.getpid()})
     try:
         return logger.serve()
     finally:

@@ -58,16 +58,18 @@ class Records:
 
 @dataclass(frozen=True, slots=True)
 class Update:
+    rank: int
     kind: str  # "config" or "summary"
     data: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
 class Ended:
-    """A rank finished (said goodbye) or is gone (died)."""
+    """A rank finished (said goodbye, with its exit code) or is gone (died)."""
 
     rank: int
     gone: bool
+    exit_code: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,7 @@ class Receiver(threading.Thread):
         self.dropped = 0
         self.junk_frames = 0
         self.rejected_peers = 0
+        self.auth_failures = 0  # TCP peers refused by the CURVE handshake
         self.dead_ranks: list[int] = []
         self.failure: BaseException | None = None
 
@@ -199,13 +202,13 @@ class Receiver(threading.Thread):
         elif isinstance(message, Goodbye):
             if message.produced > peer.next_seq:
                 self._drop(message.produced - peer.next_seq, f"rank {peer.rank}: never delivered")
-            self._end(peer, gone=False)
+            self._end(peer, gone=False, exit_code=message.exit_code)
             # The receipt lets the worker know (and say) whether anything went missing.
             self._sock.reply(identity, _codec.encode_ack(Ack(peer.received)))
         elif isinstance(message, ConfigUpdate):
-            self.events.put(Update("config", message.data))
+            self.events.put(Update(peer.rank, "config", message.data))
         elif isinstance(message, SummaryUpdate):
-            self.events.put(Update("summary", message.data))
+            self.events.put(Update(peer.rank, "summary", message.data))
         else:
             self.junk_frames += 1
 
@@ -254,10 +257,10 @@ class Receiver(threading.Thread):
             self._queued += count
         return True
 
-    def _end(self, peer: _Peer, gone: bool) -> None:
+    def _end(self, peer: _Peer, gone: bool, exit_code: int = 0) -> None:
         if not peer.ended:
             peer.ended = True
-            self.events.put(Ended(peer.rank, gone))
+            self.events.put(Ended(peer.rank, gone, exit_code))
 
     def _drop(self, count: int, why: str) -> None:
         self.dropped += count

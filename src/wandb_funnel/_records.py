@@ -63,10 +63,15 @@ class SummaryUpdate:
 
 @dataclass(frozen=True, slots=True)
 class Goodbye:
-    """A stream ends; ``produced`` counts every record it ever numbered, sent or dropped."""
+    """A stream ends; ``produced`` counts every record it ever numbered, sent or dropped.
+
+    ``exit_code`` is the rank's own: non-zero when it ended with an exception, which makes
+    the run end non-zero too (a rank that raised failed the job).
+    """
 
     produced: int
     reason: str
+    exit_code: int = 0
 
 
 @dataclass(frozen=True, slots=True)

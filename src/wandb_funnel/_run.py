@@ -167,8 +167,7 @@ class Run:
             return
         stream = self._stream
         if stream is not None and stream.pid == os.getpid():
-            reason = "finished" if not exit_code else f"finished (exit code {exit_code})"
-            stream.close(reason, FINAL_FLUSH_TIMEOUT)
+            stream.close("finished", FINAL_FLUSH_TIMEOUT, exit_code or 0)
 
     def flush(self) -> None:
         """Send this rank's buffered records now (``log`` batches them)."""

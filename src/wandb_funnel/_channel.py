@@ -1,0 +1,80 @@
+"""One wandb run inside the logger: its reorder buffer, its row builder and its sink.
+
+A logger owns one channel in ``auto`` and ``shared`` mode, and one per rank in ``new`` mode.
+Write failures are counted and reported here, never raised into the logger's loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._ordering import Reorderer, Row
+from ._receiver import log
+from ._reduce import RowBuilder
+from .sinks import Sink
+
+
+class Channel:
+    """Rows for one run; called from the logger's main thread only."""
+
+    def __init__(self, sink: Sink | None, order: Reorderer, builder: RowBuilder, name: str) -> None:
+        self.sink = sink
+        self.order = order
+        self._builder = builder
+        self.name = name
+        self.records = 0  # records written into the run
+        self.dropped = 0  # records that reached the logger but not the run
+        self.finished = False
+        # A channel whose run could not be opened is broken from the start.
+        self._broken: str | None = None if sink is not None else "the run could not be opened"
+
+    def write(self, rows: list[Row]) -> None:
+        for row in rows:
+            if self._broken is not None or self.sink is None:
+                self.dropped += row.records
+                continue
+            try:
+                self.sink.log(self._builder.build(row))
+                self.records += row.records
+            except Exception as exc:  # wandb-core gone, or a value wandb refuses
+                if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
+                    self._broken = repr(exc)
+                    log(f"{self.name}: wandb stopped taking rows ({exc!r}); counting the rest")
+                else:
+                    log(f"{self.name}: wandb refused the row at step {row.step}: {exc!r}")
+                self.dropped += row.records
+
+    def update(self, kind: str, data: dict[str, Any]) -> None:
+        if self.sink is None:
+            return
+        fn: Callable[[dict[str, Any]], None] = (
+            self.sink.update_config if kind == "config" else self.sink.update_summary
+        )
+        self._call(f"{kind} update {list(data)!r}", fn, data)
+
+    def finish(self, exit_code: int, extra: dict[str, Any], dropped_elsewhere: int = 0) -> None:
+        """Write every buffered row, then the accounting (``extra`` adds the funnel's own
+        figures; ``dropped_elsewhere`` counts this run's records lost before the logger
+        took them in), then the exit code; once."""
+        if self.finished:
+            return
+        self.finished = True
+        self.write(self.order.pop_all())
+        summary = {
+            **extra,
+            "funnel/records": self.records,
+            "funnel/late_records": self.order.late_records,
+            "funnel/dropped_records": self.dropped + dropped_elsewhere,
+        }
+        if self.sink is None or self._broken is not None:
+            return
+        self._call("summary", self.sink.update_summary, summary)
+        self._call("finish", self.sink.finish, exit_code)
+
+    def _call(self, what: str, fn: Callable[[Any], None], arg: Any) -> None:
+        if self._broken is None:
+            try:
+                fn(arg)
+            except Exception as exc:
+                log(f"{self.name}: wandb refused a {what}: {exc!r}")
