@@ -9,16 +9,12 @@ import warnings
 from typing import Any
 
 from ._config import (
-    DEFAULT_MAX_RECORD_BYTES,
-    ENV_ADDRESS,
-    ENV_HOST,
-    ENV_LOGGER_PID,
-    ENV_MAX_RECORD_BYTES,
+    DEFAULT_START_TIMEOUT,
     ENV_RANK_PID,
-    ENV_RUN_ID,
-    ENV_TOKEN,
     WELCOME_TIMEOUT,
 )
+from ._dist_env import DistEnv
+from ._dist_env import detect as detect_dist_env
 from ._run import AttachInfo, Run
 from .errors import FunnelWarning
 
@@ -36,6 +32,7 @@ _FUNNEL_KWARGS = (
     "reorder_window",
     "max_pending_rows",
     "max_record_bytes",
+    "rank_scope",
 )
 
 
@@ -92,19 +89,7 @@ def _env_rank() -> int | None:
 
 
 def attach_info_from_env() -> AttachInfo | None:
-    address = os.environ.get(ENV_ADDRESS)
-    token = os.environ.get(ENV_TOKEN)
-    if not address or token is None:
-        return None
-    pid = os.environ.get(ENV_LOGGER_PID)
-    return AttachInfo(
-        address=address,
-        token=token,
-        run_id=os.environ.get(ENV_RUN_ID, ""),
-        max_record_bytes=int(os.environ.get(ENV_MAX_RECORD_BYTES, DEFAULT_MAX_RECORD_BYTES)),
-        logger_pid=int(pid) if pid and pid.isdigit() else None,
-        logger_host=os.environ.get(ENV_HOST),
-    )
+    return AttachInfo.from_env(os.environ)
 
 
 def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
@@ -129,6 +114,12 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
             _apply_config(run, wandb_init_kwargs)
             return run
         info = attach_info_from_env()
+        if info is None and rank is None:
+            env = detect_dist_env()
+            if env is not None and env.world_size > 1:
+                run = _init_distributed(env, wandb_init_kwargs)
+                _set_current(run)
+                return run
         if info is None:
             if multiprocessing.parent_process() is not None:
                 warnings.warn(
@@ -157,6 +148,25 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
             _apply_config(run, wandb_init_kwargs)
         _set_current(run)
         return run
+
+
+def _init_distributed(env: DistEnv, kwargs: dict[str, Any]) -> Run:
+    from ._ddp import init_distributed
+    from ._reduce import check_run_mode
+
+    kwargs = dict(kwargs)
+    run_mode = check_run_mode(kwargs.pop("run_mode", "auto"))
+    rank_scope = kwargs.pop("rank_scope", "global")
+    funnel_kwargs = {k: kwargs.pop(k) for k in _FUNNEL_KWARGS if k in kwargs}
+    timeout = float(funnel_kwargs.get("start_timeout", DEFAULT_START_TIMEOUT))
+    return init_distributed(
+        env,
+        run_mode=run_mode,
+        rank_scope=rank_scope,
+        timeout=timeout,
+        funnel_kwargs=funnel_kwargs,
+        wandb_init_kwargs=kwargs,
+    )
 
 
 def _apply_config(run: Run, kwargs: dict[str, Any]) -> None:

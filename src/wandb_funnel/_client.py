@@ -44,6 +44,7 @@ class Stream:
         requested_rank: int | None,
         logger_pid: int | None = None,
         logger_host: str | None = None,
+        curve: dict[str, str] | None = None,
     ) -> None:
         self.pid = os.getpid()
         self.endpoint = endpoint
@@ -61,7 +62,7 @@ class Stream:
         self._rank = requested_rank
         self._welcomed = False
         self.closed = False
-        self._sock = ClientSocket(endpoint, self._identity, SEND_HWM)
+        self._sock = ClientSocket(endpoint, self._identity, SEND_HWM, curve)
         hello = Hello(
             token, self.pid, _HOSTNAME, requested_rank, _lifecycle.pid_start_time(self.pid)
         )

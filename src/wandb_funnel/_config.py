@@ -11,6 +11,7 @@ ENV_RUN_ID: Final = "WANDB_FUNNEL_RUN_ID"  # the wandb run id, known before the 
 ENV_LOGGER_PID: Final = "WANDB_FUNNEL_LOGGER_PID"  # lets a client skip lingering on a dead logger
 ENV_HOST: Final = "WANDB_FUNNEL_HOST"  # hostname of the logger (pids are only meaningful there)
 ENV_MAX_RECORD_BYTES: Final = "WANDB_FUNNEL_MAX_RECORD_BYTES"
+ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when the funnel uses TCP
 # Set by a process that took its rank from RANK; a child that inherits RANK but has another
 # pid (a DataLoader worker, a Pool) then gets a fresh rank instead of colliding with its parent.
 ENV_RANK_PID: Final = "WANDB_FUNNEL_RANK_PID"
@@ -22,6 +23,7 @@ EXPORTED_ENV: Final = (
     ENV_LOGGER_PID,
     ENV_HOST,
     ENV_MAX_RECORD_BYTES,
+    ENV_CURVE,
 )
 
 # --- defaults -------------------------------------------------------------------------------

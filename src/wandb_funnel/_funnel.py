@@ -25,17 +25,11 @@ from ._config import (
     DEFAULT_REORDER_WINDOW,
     DEFAULT_START_TIMEOUT,
     DEFAULT_STEP_KEY,
-    ENV_ADDRESS,
-    ENV_HOST,
-    ENV_LOGGER_PID,
-    ENV_MAX_RECORD_BYTES,
-    ENV_RUN_ID,
-    ENV_TOKEN,
     EXPORTED_ENV,
 )
 from ._reduce import check_reduce, check_run_mode
 from ._run import AttachInfo, Run
-from ._transport import private_ipc_endpoint, remove_ipc_dir
+from ._transport import client_curve, new_curve_keys, private_ipc_endpoint, remove_ipc_dir
 from .errors import FunnelWarning, LoggerStartError
 
 _KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a logger that failed to start
@@ -141,6 +135,13 @@ class Funnel:
         self._run: Run | None = None
         self._saved_env: dict[str, str | None] = {}
         self._closed = False
+        # Set by the DDP path (_ddp.py) before start(); the defaults are a plain funnel.
+        self._owner_rank = 0
+        self._first_auto_rank = 1
+        self._per_rank: dict[str, Any] | None = None  # run_mode="new": id/group templates
+        self._tcp_host: str | None = None  # also listen on TCP here (ranks on other nodes)
+        self._curve: dict[str, str] | None = None
+        self._tcp_address: str | None = None
         self._close_lock = threading.RLock()  # close() may re-enter from a signal handler
         self.owner_pid = os.getpid()
         self.stats: dict[str, Any] | None = None
@@ -180,6 +181,8 @@ class Funnel:
         from .sinks.wandb import setup_service
 
         setup_service()  # before any process is spawned, so all of them share one wandb-core
+        if self._tcp_host is not None:
+            self._curve = new_curve_keys()
         self._address, self._ipc_dir = private_ipc_endpoint()
         ready_r, ready_w = os.pipe()
         cfg = {
@@ -196,6 +199,10 @@ class Funnel:
             "max_pending_rows": self._max_pending_rows,
             "max_record_bytes": self._max_record_bytes,
             "init_kwargs": self._init_kwargs,
+            "first_auto_rank": self._first_auto_rank,
+            "per_rank": self._per_rank,
+            "tcp_host": self._tcp_host,
+            "curve": self._curve,
         }
         try:
             self._proc = subprocess.Popen(
@@ -261,15 +268,25 @@ class Funnel:
                 data += chunk
         return dict(json.loads(data))
 
+    def attach_info(self, address: str | None = None) -> AttachInfo:
+        """How a process reaches this funnel (``address`` defaults to the IPC endpoint)."""
+        return AttachInfo(
+            address or self.address,
+            self._token,
+            self._run_id,
+            self._max_record_bytes,
+            self.logger_pid,
+            socket.gethostname(),
+            client_curve(self._curve) if self._curve else None,
+        )
+
+    @property
+    def tcp_address(self) -> str | None:
+        """The TCP endpoint for ranks on other nodes (None unless listening on TCP)."""
+        return self._tcp_address
+
     def _export_env(self) -> None:
-        values = {
-            ENV_ADDRESS: self.address,
-            ENV_TOKEN: self._token,
-            ENV_RUN_ID: self._run_id,
-            ENV_LOGGER_PID: str(self.logger_pid),
-            ENV_HOST: socket.gethostname(),
-            ENV_MAX_RECORD_BYTES: str(self._max_record_bytes),
-        }
+        values = self.attach_info().to_env()
         self._saved_env = {name: os.environ.get(name) for name in EXPORTED_ENV}
         os.environ.update(values)
 
@@ -335,7 +352,12 @@ class Funnel:
         for stream in _client.open_streams():
             stream.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())))
         # CLOSE goes on a socket of its own that never says hello: it is not a rank.
-        closer = ClientSocket(self.address, b"\x02" + os.urandom(11), 10)
+        closer = ClientSocket(
+            self.address,
+            b"\x02" + os.urandom(11),
+            10,
+            client_curve(self._curve) if self._curve else None,
+        )
         try:
             budget = max(0.0, (deadline - time.monotonic()) * _LOGGER_SHARE)
             closer.send_within(encode_close(Close(self._token, code, budget)), 1.0)

@@ -281,8 +281,12 @@ def main() -> int:
         def open_sink(overrides: dict[str, Any]) -> Sink:
             return WandbSink({**cfg["init_kwargs"], **overrides}, cfg["step_key"])
 
-        sock = LoggerSocket(cfg["address"], _PEER_RCV_HWM, max_frame)
-        receiver = Receiver(sock, cfg["token"], max_frame, _MAX_QUEUED_RECORDS)
+        sock = LoggerSocket(
+            cfg["address"], _PEER_RCV_HWM, max_frame, cfg.get("tcp_host"), cfg.get("curve")
+        )
+        receiver = Receiver(
+            sock, cfg["token"], max_frame, _MAX_QUEUED_RECORDS, cfg.get("first_auto_rank", 1)
+        )
         logger = Logger(cfg, receiver, open_sink)  # opens the run (but in run_mode="new")
     except BaseException as exc:
         if sock is not None:
@@ -291,7 +295,8 @@ def main() -> int:
         _write_ready(ready_fd, {"error": f"{type(exc).__name__}: {exc}"})
         return 1
     receiver.start()
-    _write_ready(ready_fd, {"run_id": cfg["init_kwargs"]["id"], "pid": os.getpid()})
+    ready = {"run_id": cfg["init_kwargs"]["id"], "pid": os.getpid(), "tcp": sock.tcp_endpoint}
+    _write_ready(ready_fd, ready)
     try:
         return logger.serve()
     finally:

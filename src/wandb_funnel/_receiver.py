@@ -99,7 +99,12 @@ class Receiver(threading.Thread):
     """Owns the logger socket until ``stop()``; all socket use happens on this thread."""
 
     def __init__(
-        self, sock: LoggerSocket, token: str, max_frame: int, max_queued_records: int
+        self,
+        sock: LoggerSocket,
+        token: str,
+        max_frame: int,
+        max_queued_records: int,
+        first_auto_rank: int = 1,
     ) -> None:
         super().__init__(name="wandb-funnel-receiver", daemon=True)
         self._sock = sock
@@ -108,7 +113,9 @@ class Receiver(threading.Thread):
         self._host = socket.gethostname()
         self._peers: dict[bytes, _Peer] = {}
         self._used_ranks: set[int] = set()
-        self._next_rank = 1
+        # Ranks the logger assigns start here: 1 after the owner's 0, or the world size in a
+        # launched job, so a DataLoader worker never takes a rank a launcher rank will claim.
+        self._next_rank = first_auto_rank
         self._caught_up_at = 0.0
         self._stopping = threading.Event()
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -267,6 +274,10 @@ class Receiver(threading.Thread):
         log(f"{count} records dropped ({why})")
 
     def _check_liveness(self) -> None:
+        refused = self._sock.handshake_failures()
+        if refused:
+            self.auth_failures += refused
+            log(f"refused {refused} connection(s) without the job's keys")
         for peer in list(self._peers.values()):
             if (
                 not peer.ended

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import _codec
-from ._config import FINAL_FLUSH_TIMEOUT, WELCOME_TIMEOUT
+from ._config import (
+    DEFAULT_MAX_RECORD_BYTES,
+    ENV_ADDRESS,
+    ENV_CURVE,
+    ENV_HOST,
+    ENV_LOGGER_PID,
+    ENV_MAX_RECORD_BYTES,
+    ENV_RUN_ID,
+    ENV_TOKEN,
+    FINAL_FLUSH_TIMEOUT,
+    WELCOME_TIMEOUT,
+)
 from ._records import CONFIG, SUMMARY
 from .errors import ClientClosedError
 
@@ -27,6 +40,42 @@ class AttachInfo:
     max_record_bytes: int
     logger_pid: int | None = None
     logger_host: str | None = None
+    curve: dict[str, str] | None = None  # client CURVE keys, when the logger listens on TCP
+
+    def to_env(self) -> dict[str, str]:
+        """The WANDB_FUNNEL_* variables that let processes started later attach."""
+        env = {
+            ENV_ADDRESS: self.address,
+            ENV_TOKEN: self.token,
+            ENV_RUN_ID: self.run_id,
+            ENV_MAX_RECORD_BYTES: str(self.max_record_bytes),
+        }
+        if self.logger_pid is not None:
+            env[ENV_LOGGER_PID] = str(self.logger_pid)
+        if self.logger_host is not None:
+            env[ENV_HOST] = self.logger_host
+        if self.curve:
+            env[ENV_CURVE] = json.dumps(self.curve)
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> AttachInfo | None:
+        """The funnel named by WANDB_FUNNEL_* in ``environ``, if any."""
+        address = environ.get(ENV_ADDRESS)
+        token = environ.get(ENV_TOKEN)
+        if not address or token is None:
+            return None
+        pid = environ.get(ENV_LOGGER_PID, "")
+        curve = environ.get(ENV_CURVE)
+        return cls(
+            address=address,
+            token=token,
+            run_id=environ.get(ENV_RUN_ID, ""),
+            max_record_bytes=int(environ.get(ENV_MAX_RECORD_BYTES, DEFAULT_MAX_RECORD_BYTES)),
+            logger_pid=int(pid) if pid.isdigit() else None,
+            logger_host=environ.get(ENV_HOST),
+            curve=json.loads(curve) if curve else None,
+        )
 
 
 class _Config:
@@ -151,6 +200,7 @@ class Run:
                 requested,
                 self._info.logger_pid,
                 self._info.logger_host,
+                self._info.curve,
             )
             if inherited:
                 self._step = 0

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import threading
-from typing import Final
+from typing import Any, Final
 
 import zmq
 
@@ -91,11 +91,35 @@ def remove_ipc_dir(directory: str | None) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def new_curve_keys() -> dict[str, str]:
+    """A fresh CURVE key pair for the logger and one shared by the job's clients (Z85)."""
+    server_public, server_secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    return {
+        "server_public": server_public.decode(),
+        "server_secret": server_secret.decode(),
+        "client_public": client_public.decode(),
+        "client_secret": client_secret.decode(),
+    }
+
+
+def client_curve(keys: dict[str, str]) -> dict[str, str]:
+    """What a client needs (never the logger's secret)."""
+    return {k: keys[k] for k in ("server_public", "client_public", "client_secret")}
+
+
 class ClientSocket:
     """One stream's DEALER socket. Not thread-safe: the caller serialises use."""
 
-    def __init__(self, endpoint: str, identity: bytes, send_hwm: int) -> None:
+    def __init__(
+        self, endpoint: str, identity: bytes, send_hwm: int, curve: dict[str, str] | None = None
+    ) -> None:
         self._sock = process_context().socket(zmq.DEALER)
+        if curve:
+            # Encrypted, and only a client holding the job's key pair gets through.
+            self._sock.curve_serverkey = curve["server_public"].encode()
+            self._sock.curve_publickey = curve["client_public"].encode()
+            self._sock.curve_secretkey = curve["client_secret"].encode()
         self._sock.setsockopt(zmq.LINGER, 0)  # set again, bounded, at close
         self._sock.setsockopt(zmq.SNDHWM, send_hwm)
         self._sock.setsockopt(zmq.RCVHWM, 100)
@@ -142,10 +166,39 @@ class ClientSocket:
             self._sock.close(linger=max(0, int(linger * 1000)))
 
 
-class LoggerSocket:
-    """The logger's ROUTER: (identity, frame) in, replies out. Owned by one thread."""
+class _OnlyOurClients:
+    """ZAP credentials check: the job's client key gets in, nothing else."""
 
-    def __init__(self, endpoint: str, recv_hwm: int, max_frame_bytes: int) -> None:
+    def __init__(self, client_public: bytes) -> None:
+        self._key = client_public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key == self._key
+
+
+_HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+class LoggerSocket:
+    """The logger's ROUTER: (identity, frame) in, replies out. Owned by one thread.
+
+    Always bound to the private IPC endpoint; with ``tcp_host`` also to a random TCP port on
+    that address (never all interfaces), and then with CURVE: encrypted, and only clients
+    holding the job's key get past the handshake. Refused handshakes are counted.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        recv_hwm: int,
+        max_frame_bytes: int,
+        tcp_host: str | None = None,
+        curve: dict[str, str] | None = None,
+    ) -> None:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -153,14 +206,39 @@ class LoggerSocket:
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self._sock.setsockopt(zmq.RCVHWM, recv_hwm)
         self._sock.setsockopt(zmq.SNDHWM, 10_000)
+        self._auth: Any = None
+        self.tcp_endpoint: str | None = None
+        if curve:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._auth = ThreadAuthenticator(self._ctx)
+            self._auth.start()
+            provider = _OnlyOurClients(curve["client_public"].encode())
+            self._auth.configure_curve_callback(domain="*", credentials_provider=provider)
+            self._sock.curve_server = True
+            self._sock.curve_secretkey = curve["server_secret"].encode()
+            self._sock.curve_publickey = curve["server_public"].encode()
+        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
         try:
             self._sock.bind(endpoint)
+            if tcp_host is not None:
+                port = self._sock.bind_to_random_port(f"tcp://{tcp_host}")
+                self.tcp_endpoint = f"tcp://{tcp_host}:{port}"
         except zmq.ZMQError as exc:
-            self._sock.close(linger=0)
-            self._ctx.term()
+            self.close()
             raise OSError(f"wandb_funnel: cannot bind the logger to {endpoint!r}: {exc}") from exc
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+
+    def handshake_failures(self) -> int:
+        """Peers refused by the handshake since the last call (no or wrong CURVE keys)."""
+        count = 0
+        while True:
+            try:
+                self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return count
+            count += 1
 
     def wait(self, timeout: float) -> bool:
         """True when a frame is ready, within ``timeout`` seconds."""
@@ -182,5 +260,12 @@ class LoggerSocket:
 
     def close(self) -> None:
         # A short linger lets the final DONE reply reach the owner.
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(linger=0)
         self._sock.close(linger=500)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()

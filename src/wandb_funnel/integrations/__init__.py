@@ -1,0 +1,1 @@
+"""Integrations with launchers and frameworks; each imports its framework lazily."""
