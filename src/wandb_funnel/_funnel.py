@@ -231,16 +231,9 @@ class Funnel:
             raise LoggerStartError(
                 f"wandb_funnel: the logger could not open the run: {ready['error']}"
             )
+        self._tcp_address = ready.get("tcp")
         self._export_env()
-        info = AttachInfo(
-            self._address,
-            self._token,
-            self._run_id,
-            self._max_record_bytes,
-            self._proc.pid,
-            socket.gethostname(),
-        )
-        self._run = Run(info, requested_rank=0, funnel=self)
+        self._run = Run(self.attach_info(), requested_rank=self._owner_rank, funnel=self)
         _lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
         from . import _api
 
