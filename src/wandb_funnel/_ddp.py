@@ -90,6 +90,10 @@ def init_distributed(
         funnel._owner_rank = env.rank
         funnel._first_auto_rank = env.world_size
         funnel._per_rank = per_rank
+        first = env.first_rank_on_node if worker_scope else 0
+        funnel._expected_ranks = list(
+            range(first, first + (env.local_world_size if worker_scope else env.world_size))
+        )
         if not worker_scope and env.num_nodes > 1:
             funnel._tcp_host = route_ip(env.master_addr)
         try:

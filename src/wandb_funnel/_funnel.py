@@ -139,6 +139,7 @@ class Funnel:
         self._owner_rank = 0
         self._first_auto_rank = 1
         self._per_rank: dict[str, Any] | None = None  # run_mode="new": id/group templates
+        self._expected_ranks: list[int] = []  # a launched job's ranks, known up front
         self._tcp_host: str | None = None  # also listen on TCP here (ranks on other nodes)
         self._curve: dict[str, str] | None = None
         self._tcp_address: str | None = None
@@ -201,6 +202,7 @@ class Funnel:
             "init_kwargs": self._init_kwargs,
             "first_auto_rank": self._first_auto_rank,
             "per_rank": self._per_rank,
+            "expected_ranks": self._expected_ranks,
             "tcp_host": self._tcp_host,
             "curve": self._curve,
         }

@@ -62,7 +62,13 @@ class Logger:
         self._per_rank: dict[str, Any] | None = cfg.get("per_rank")  # run_mode="new"
         self._channels: dict[int | None, Channel] = {}
         if self._per_rank is None:
-            self._channels[None] = self._new_channel(open_sink({}), cfg["init_kwargs"]["id"])
+            channel = self._channels[None] = self._new_channel(
+                open_sink({}), cfg["init_kwargs"]["id"]
+            )
+            # A launched job's ranks are known before they attach: rows wait for them from
+            # the start (within the window), so ranks that start a little later still merge.
+            for rank in cfg.get("expected_ranks", ()):
+                channel.order.rank_attached(rank)
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
