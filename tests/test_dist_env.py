@@ -28,7 +28,8 @@ def test_slurm_with_tasks_per_node_spec() -> None:
 
 def test_openmpi_and_pmi() -> None:
     d = detect({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
-                "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+                "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                "OMPI_COMM_WORLD_NODE_RANK": "0"})  # a rank on the node, not the node
     assert d is not None and d.launcher == "openmpi" and d.node_rank == 1
     d = detect({"PMI_RANK": "1", "PMI_SIZE": "2"})
     assert d is not None and d.launcher == "pmi" and d.local_world_size == 2

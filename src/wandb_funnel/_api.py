@@ -11,6 +11,7 @@ from typing import Any
 from ._config import (
     DEFAULT_START_TIMEOUT,
     ENV_RANK_PID,
+    RANK_SCOPES,
     WELCOME_TIMEOUT,
 )
 from ._dist_env import DistEnv
@@ -131,7 +132,9 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
                 )
             from ._funnel import Funnel
 
-            funnel = Funnel(**wandb_init_kwargs).start()
+            kwargs = dict(wandb_init_kwargs)
+            _check_rank_scope(kwargs.pop("rank_scope", "global"))  # one process: one scope
+            funnel = Funnel(**kwargs).start()
             run = funnel.run
         else:
             run = Run(info, requested_rank=rank if rank is not None else _env_rank())
@@ -150,13 +153,33 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
         return run
 
 
+def _check_rank_scope(scope: Any) -> str:
+    if scope not in RANK_SCOPES:
+        raise ValueError(
+            f"wandb_funnel: rank_scope must be one of {', '.join(map(repr, RANK_SCOPES))}, "
+            f"got {scope!r}"
+        )
+    return str(scope)
+
+
+def _mark_launcher_rank() -> None:
+    """A launcher's rank marks itself as soon as wandb_funnel is imported, so that every
+    process it starts afterwards (DataLoader workers, a Pool), even before wf.init, knows it
+    inherited RANK rather than being a rank of the job."""
+    if detect_dist_env() is not None and ENV_RANK_PID not in os.environ:
+        os.environ[ENV_RANK_PID] = str(os.getpid())
+
+
+_mark_launcher_rank()
+
+
 def _init_distributed(env: DistEnv, kwargs: dict[str, Any]) -> Run:
     from ._ddp import init_distributed
     from ._reduce import check_run_mode
 
     kwargs = dict(kwargs)
     run_mode = check_run_mode(kwargs.pop("run_mode", "auto"))
-    rank_scope = kwargs.pop("rank_scope", "global")
+    rank_scope = _check_rank_scope(kwargs.pop("rank_scope", "global"))
     funnel_kwargs = {k: kwargs.pop(k) for k in _FUNNEL_KWARGS if k in kwargs}
     timeout = float(funnel_kwargs.get("start_timeout", DEFAULT_START_TIMEOUT))
     return init_distributed(

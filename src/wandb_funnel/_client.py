@@ -23,6 +23,8 @@ from . import _codec, _lifecycle
 from ._config import (
     BATCH_BYTES,
     BATCH_RECORDS,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
     FINAL_FLUSH_TIMEOUT,
     FLUSH_INTERVAL,
     SEND_HWM,
@@ -321,4 +323,8 @@ def close_all(reason: str, timeout: float = FINAL_FLUSH_TIMEOUT, exit_code: int 
 
 
 def _close_all_on_exit(exit_code: int, reason: str) -> None:
-    close_all(reason, exit_code=exit_code)
+    # A rank that raised reports it (the run then ends non-zero). A rank stopped by a signal
+    # does not: Pool's terminate() and torchrun's SIGTERM are how workers normally end, and
+    # what a signal means for the run is for its owner to say.
+    failed = 0 if exit_code in (EXIT_SIGINT, EXIT_SIGTERM) else exit_code
+    close_all(reason, exit_code=failed)

@@ -11,6 +11,7 @@ ENV_RUN_ID: Final = "WANDB_FUNNEL_RUN_ID"  # the wandb run id, known before the 
 ENV_LOGGER_PID: Final = "WANDB_FUNNEL_LOGGER_PID"  # lets a client skip lingering on a dead logger
 ENV_HOST: Final = "WANDB_FUNNEL_HOST"  # hostname of the logger (pids are only meaningful there)
 ENV_MAX_RECORD_BYTES: Final = "WANDB_FUNNEL_MAX_RECORD_BYTES"
+ENV_BIND_ADDR: Final = "WANDB_FUNNEL_BIND_ADDR"  # the address a multi-node logger listens on
 ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when the funnel uses TCP
 # Set by a process that took its rank from RANK; a child that inherits RANK but has another
 # pid (a DataLoader worker, a Pool) then gets a fresh rank instead of colliding with its parent.

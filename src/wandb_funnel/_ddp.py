@@ -21,7 +21,7 @@ import os
 import socket
 from typing import Any
 
-from ._config import ENV_RANK_PID, RANK_SCOPES
+from ._config import ENV_BIND_ADDR, ENV_RANK_PID
 from ._dist_env import DistEnv
 from ._run import AttachInfo, Run
 from .errors import LoggerStartError
@@ -29,17 +29,45 @@ from .errors import LoggerStartError
 _generations = itertools.count()
 
 
-def route_ip(master_addr: str | None) -> str:
-    """This node's address on the route to MASTER_ADDR (what the other nodes can reach)."""
-    target = socket.gethostbyname(master_addr or "127.0.0.1")
-    if target.startswith("127."):
-        return target
+def _restore_env(saved: dict[str, str | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _source_address(target: str) -> str:
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         probe.connect((target, 9))  # UDP: no packet is sent; this only picks the route
         return str(probe.getsockname()[0])
     finally:
         probe.close()
+
+
+def route_ip(master_addr: str | None) -> str:
+    """The address other nodes can reach this one at: ``WANDB_FUNNEL_BIND_ADDR`` if set, else
+    this node's source address on the route to MASTER_ADDR.
+
+    A master given as a loopback literal (``127.0.0.1``, ``localhost``) means every "node" is
+    on this machine, so loopback is right. A host *name* that resolves to loopback here (the
+    master node's own FQDN is often 127.0.1.1 in /etc/hosts) is not what the other nodes see:
+    then the default route's source address is used.
+    """
+    override = os.environ.get(ENV_BIND_ADDR)
+    if override:
+        return override
+    name = master_addr or "127.0.0.1"
+    target = socket.gethostbyname(name)
+    if not target.startswith("127."):
+        return _source_address(target)
+    if name == "localhost" or name.startswith("127."):
+        return target
+    try:
+        return _source_address("192.0.2.1")  # TEST-NET-1: any non-local route will do
+    except OSError:
+        return target
 
 
 def init_distributed(
@@ -56,12 +84,9 @@ def init_distributed(
     from .integrations.torchrun import Rendezvous
     from .sinks.wandb import generate_run_id
 
-    if rank_scope not in RANK_SCOPES:
-        raise ValueError(
-            f"wandb_funnel: rank_scope must be one of {', '.join(map(repr, RANK_SCOPES))}, "
-            f"got {rank_scope!r}"
-        )
-    rendezvous = Rendezvous(env, next(_generations), timeout)
+    # The hosting rank needs wandb.setup() and up to `timeout` for the logger; the others wait
+    # for it with room to spare, so a slow but healthy host is not mistaken for a failed one.
+    rendezvous = Rendezvous(env, next(_generations), 2 * timeout + 30)
     base = wandb_init_kwargs.pop("id", None)
     if env.rank == 0:
         base = base or generate_run_id()
@@ -86,17 +111,17 @@ def init_distributed(
     if hosting:
         from ._funnel import Funnel
 
-        funnel = Funnel(run_mode=run_mode, **funnel_kwargs, **wandb_init_kwargs, id=prefix)
-        funnel._owner_rank = env.rank
-        funnel._first_auto_rank = env.world_size
-        funnel._per_rank = per_rank
-        first = env.first_rank_on_node if worker_scope else 0
-        funnel._expected_ranks = list(
-            range(first, first + (env.local_world_size if worker_scope else env.world_size))
-        )
-        if not worker_scope and env.num_nodes > 1:
-            funnel._tcp_host = route_ip(env.master_addr)
-        try:
+        try:  # whatever fails here is published, so the other ranks fail at once too
+            funnel = Funnel(run_mode=run_mode, **funnel_kwargs, **wandb_init_kwargs, id=prefix)
+            funnel._owner_rank = env.rank
+            funnel._first_auto_rank = env.world_size
+            funnel._per_rank = per_rank
+            first = env.first_rank_on_node if worker_scope else 0
+            funnel._expected_ranks = list(
+                range(first, first + (env.local_world_size if worker_scope else env.world_size))
+            )
+            if not worker_scope and env.num_nodes > 1:
+                funnel._tcp_host = route_ip(env.master_addr)
             funnel.start()
         except BaseException as exc:
             rendezvous.publish(key, {"error": f"{type(exc).__name__}: {exc}"})
@@ -118,8 +143,13 @@ def init_distributed(
                     f"and listens on IPC only"
                 )
             info = dataclasses.replace(info, address=tcp)
-        os.environ.update(info.to_env())  # processes this rank starts attach too
+        # Processes this rank starts attach too; the variables go away with the run, so a
+        # later wf.init() here does not find this funnel again.
+        exported = info.to_env()
+        saved = {name: os.environ.get(name) for name in exported}
+        os.environ.update(exported)
         run = Run(info, requested_rank=env.rank)
+        run._on_finish = lambda: _restore_env(saved)
         if not run._attach(timeout):
             raise LoggerStartError(
                 f"wandb_funnel: the logger at {info.address} did not answer rank {env.rank} "

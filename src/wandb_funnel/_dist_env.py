@@ -96,28 +96,28 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv | None:
             master_addr,
             master_port,
         )
-    for launcher, prefix_rank, prefix_size, local, local_size, node_var in (
+    # Open MPI's OMPI_COMM_WORLD_NODE_RANK is a rank *on* a node, not the node's number: the
+    # node is derived from the rank, as for PMI (ranks are placed node by node).
+    for launcher, rank_var, size_var, local_var, local_size_var in (
         (
             "openmpi",
             "OMPI_COMM_WORLD_RANK",
             "OMPI_COMM_WORLD_SIZE",
             "OMPI_COMM_WORLD_LOCAL_RANK",
             "OMPI_COMM_WORLD_LOCAL_SIZE",
-            "OMPI_COMM_WORLD_NODE_RANK",
         ),
-        ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", ""),
+        ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
     ):
-        rank, world = _int(env, prefix_rank), _int(env, prefix_size)
+        rank, world = _int(env, rank_var), _int(env, size_var)
         if rank is not None and world is not None:
-            local_world = _int(env, local_size) or world
-            node_rank = _int(env, node_var) if node_var else None
+            local_world = _int(env, local_size_var) or world
             return DistEnv(
                 launcher,
                 rank,
                 world,
-                _int(env, local) or 0,
+                _int(env, local_var) or 0,
                 local_world,
-                node_rank if node_rank is not None else rank // max(1, local_world),
+                rank // max(1, local_world),
                 master_addr,
                 master_port,
             )

@@ -321,7 +321,7 @@ class Funnel:
             try:
                 self._close_logger(code, deadline)
             finally:
-                _client.close_all("owner closed", max(0.1, deadline - time.monotonic()))
+                _client.close_all("owner closed", max(0.1, deadline - time.monotonic()), code)
                 self._restore_env()
                 remove_ipc_dir(self._ipc_dir)
                 from . import _api
@@ -345,7 +345,7 @@ class Funnel:
             return
         # Our own streams (rank 0 and any later init() here) say goodbye first.
         for stream in _client.open_streams():
-            stream.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())))
+            stream.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())), code)
         # CLOSE goes on a socket of its own that never says hello: it is not a rank.
         closer = ClientSocket(
             self.address,

@@ -249,8 +249,12 @@ class Logger:
         extra["funnel/exit_reason"] = why
         # Records the receiver dropped belong to the one run, unless there is a run per rank.
         elsewhere = self._receiver.dropped if self._per_rank is None else 0
-        for channel in self._channels.values():
-            channel.finish(exit_code, extra, elsewhere)
+        for key, channel in self._channels.items():
+            # run_mode="new": a rank still unfinished at close did not finish in time.
+            unfinished = key is not None and key in self._active
+            channel.finish(
+                owner_code or EXIT_RANK_DIED if unfinished else exit_code, extra, elsewhere
+            )
         stats = self.stats()
         stats["funnel/exit_reason"] = why
         if stats["funnel/dropped_records"] or stats["funnel/late_records"]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -118,6 +118,7 @@ class Run:
         self._stream: Stream | None = None
         self._step = 0
         self._finished = False
+        self._on_finish: Callable[[], None] | None = None  # e.g. forget exported variables
         self.config = _Config(self)
         self.summary = _Summary(self)
 
@@ -212,6 +213,8 @@ class Run:
         if self._finished:
             return
         self._finished = True
+        if self._on_finish is not None:
+            self._on_finish()
         if self._funnel is not None and self._funnel.owner_pid == os.getpid():
             self._funnel.close(exit_code)
             return

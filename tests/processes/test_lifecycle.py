@@ -78,7 +78,7 @@ def test_private_funnel_is_like_wandb_init(scripts: Scripts) -> None:
         PRELUDE
         + """
 if __name__ == "__main__":
-    run = wf.init(project="t", config={"lr": 0.5})
+    run = wf.init(project="t", config={"lr": 0.5}, rank_scope="global")  # scope: no-op here
     run.log({"a": 1}); run.log({"a": 2}, commit=False); run.log({"b": 3})
     run.log({"c": 4}, step=5); run.log({"c": 5}, step=5); run.log({"d": 6})
     run.summary["best"] = 9
@@ -105,41 +105,12 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("target", ["owner", "group"])
-def test_sigint_mid_run(scripts: Scripts, target: str) -> None:
-    """Ctrl-C (SIGINT to the owner, or to its whole process group as a terminal does)
-    drains, finishes the run with exit code 130, and everything exits in bounded time."""
-    proc = scripts.start(
-        STEADY
-        + """
-if __name__ == "__main__":
-    with start():
-        with mp.get_context("spawn").Pool(2) as pool:
-            r = pool.map_async(work, range(2))
-            time.sleep(1.0)
-            report(ready=True)
-            r.get(60)
-"""
-    )
-    t0 = time.monotonic()
-    wait_for_report(proc, "ready")
-    time.sleep(0.5)
-    if target == "owner":
-        proc.send_signal(signal.SIGINT)
-    else:
-        os.killpg(proc.pid, signal.SIGINT)
-    res = scripts.finish(proc, 60, t0)
-    assert res.returncode != 0
-    assert "KeyboardInterrupt" in res.stderr
-    run = only_run(scripts.wandb_dir)
-    assert run.exit_code == 130
-    assert run.summary["funnel/records"] > 0
-    assert res.leftovers == []
-
-
-@pytest.mark.parametrize("target", ["owner", "group"])
-def test_sigterm_mid_run(scripts: Scripts, target: str) -> None:
-    """SIGTERM (a scheduler, or torchrun's killpg) finishes the run with 143; the owner still
-    dies of SIGTERM, as it would have without the library; workers' records are kept."""
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_mid_run(scripts: Scripts, target: str, signum: int, code: int) -> None:
+    """Ctrl-C (SIGINT) or SIGTERM (a scheduler, torchrun's killpg), to the owner or to its
+    whole process group: the run is drained and finished with 130 / 143, the owner still
+    ends the way the signal would have ended it, workers' records are kept, and everything
+    exits in bounded time."""
     proc = scripts.start(
         STEADY
         + """
@@ -156,15 +127,18 @@ if __name__ == "__main__":
     wait_for_report(proc, "ready")
     time.sleep(0.5)
     if target == "owner":
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
     else:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signum)
     res = scripts.finish(proc, 60, t0)
-    assert res.returncode == -signal.SIGTERM
+    if signum == signal.SIGINT:
+        assert res.returncode != 0 and "KeyboardInterrupt" in res.stderr
+    else:
+        assert res.returncode == -signal.SIGTERM
     run = only_run(scripts.wandb_dir)
-    assert run.exit_code == 143
+    assert run.exit_code == code
     assert run.summary["funnel/records"] > 0
-    if target == "group":
+    if target == "group" and signum == signal.SIGTERM:
         # Workers flushed on their own SIGTERM: both ranks' records are in the run.
         assert {v for _, v in run.column("w")} == {0, 1}
     assert res.leftovers == []
