@@ -27,6 +27,7 @@ from ._config import (
     EXIT_SIGTERM,
     FINAL_FLUSH_TIMEOUT,
     FLUSH_INTERVAL,
+    HEARTBEAT_INTERVAL,
     SEND_HWM,
 )
 from ._records import Ack, Goodbye, Hello, Welcome
@@ -58,6 +59,7 @@ class Stream:
         self._buf: list[bytes] = []
         self._buf_bytes = 0
         self._buf_since = 0.0
+        self._last_sent = time.monotonic()  # for heartbeats: silence means death to a remote logger
         self._seq = 0  # records numbered so far: sent or dropped
         self.dropped = 0
         self._warned_drop = False
@@ -94,7 +96,9 @@ class Stream:
         self._buf_bytes = 0
         if not batch:
             return
-        if not self._sock.send_within(_codec.encode_batch(first, batch), timeout):
+        if self._sock.send_within(_codec.encode_batch(first, batch), timeout):
+            self._last_sent = time.monotonic()
+        else:
             self.dropped += len(batch)
             if not self._warned_drop:
                 self._warned_drop = True
@@ -124,8 +128,18 @@ class Stream:
         if not self._lock.acquire(timeout=FLUSH_INTERVAL):
             return
         try:
-            if self._buf and not self.closed and now - self._buf_since >= FLUSH_INTERVAL:
+            if self.closed:
+                return
+            if self._buf and now - self._buf_since >= FLUSH_INTERVAL:
                 self._send_batch(0.0)
+            elif (
+                not self._buf
+                and now - self._last_sent >= HEARTBEAT_INTERVAL
+                # An empty batch: "still here". A logger on another host cannot see our pid,
+                # so it tells a quiet rank from a dead one by these.
+                and self._sock.try_send(_codec.encode_batch(self._seq, []))
+            ):
+                self._last_sent = now
         finally:
             self._lock.release()
 

@@ -40,6 +40,10 @@ DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the 
 BATCH_RECORDS: Final = 64
 BATCH_BYTES: Final = 256 * 1024
 FLUSH_INTERVAL: Final = 0.1
+# A rank that sent nothing for this long sends an empty batch (a heartbeat).
+HEARTBEAT_INTERVAL: Final = 1.0
+# A rank on another host that sent nothing (not even a heartbeat) for this long is gone.
+REMOTE_SILENCE: Final = 5.0
 # Batches queued in ZeroMQ per stream before log() starts dropping (and counting) records.
 SEND_HWM: Final = 2_000
 RECV_HWM: Final = 100_000

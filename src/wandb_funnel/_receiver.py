@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _codec
+from ._config import REMOTE_SILENCE
 from ._lifecycle import pid_alive
 from ._records import (
     Ack,
@@ -245,6 +246,8 @@ class Receiver(threading.Thread):
             self._drop(batch.first_seq - peer.next_seq, f"rank {peer.rank}: worker queue full")
         count = len(batch.records)
         peer.next_seq = batch.first_seq + count
+        if not count:
+            return  # a heartbeat
         if not self._reserve(count, block_for_room):
             self._drop(count, "the logger's queue is full (wandb is slower than the workers)")
             return
@@ -279,12 +282,14 @@ class Receiver(threading.Thread):
             self.auth_failures += refused
             log(f"refused {refused} connection(s) without the job's keys")
         for peer in list(self._peers.values()):
-            if (
-                not peer.ended
-                and peer.host == self._host
-                and self._caught_up_at - peer.last_seen >= _GONE_QUIET
-                and not pid_alive(peer.pid, peer.pid_start)
-            ):
+            if peer.ended:
+                continue
+            quiet = self._caught_up_at - peer.last_seen
+            if peer.host == self._host:
+                gone = quiet >= _GONE_QUIET and not pid_alive(peer.pid, peer.pid_start)
+            else:  # its pid means nothing here: its heartbeats stopped
+                gone = quiet >= REMOTE_SILENCE
+            if gone:
                 self.dead_ranks.append(peer.rank)
                 self._end(peer, gone=True)
                 log(

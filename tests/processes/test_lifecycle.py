@@ -467,3 +467,43 @@ if __name__ == "__main__":
 """)
     assert res.returncode == 0, res.stderr
     assert reports(res.stdout)["init_s"] < 3
+
+
+def test_remote_rank_heartbeats_and_death(scripts: Scripts) -> None:
+    """A rank on another host (its pid means nothing to the logger) is kept alive by
+    heartbeats while it is quiet, and declared gone a few seconds after it dies, so close()
+    does not wait for it until the straggler deadline."""
+    res = scripts.run(PRELUDE + """
+def remote(ready, quiet_s, die):
+    from wandb_funnel import _client
+    _client._HOSTNAME = "another-node"   # as if this rank ran elsewhere
+    run = wf.init()
+    run.log({"c": 0}, step=0)
+    run.flush()
+    ready.set()
+    time.sleep(quiet_s)
+    if die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    run.log({"c": 1}, step=1)
+    run.finish()
+
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t", close_timeout=60).start()
+    ctx = mp.get_context("spawn")
+    r1, r2 = ctx.Event(), ctx.Event()
+    quiet = ctx.Process(target=remote, args=(r1, 8, False))
+    dying = ctx.Process(target=remote, args=(r2, 0.5, True))
+    quiet.start(); dying.start()
+    r1.wait(60); r2.wait(60)
+    t = time.monotonic()
+    funnel.close()
+    report(close_s=time.monotonic() - t, stats=funnel.stats)
+    quiet.join(10); dying.join(10)
+""", timeout=120)
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["stats"]["funnel/dead_ranks"] == 1  # the quiet one was not taken for dead
+    assert info["close_s"] < 20  # well before the 24 s straggler deadline
+    run = only_run(scripts.wandb_dir)
+    assert run.column("c") == [(0, 0), (1, 1)]  # step 0 merged; the quiet rank's step 1 too
+    assert res.leftovers == []
