@@ -46,7 +46,6 @@ HEARTBEAT_INTERVAL: Final = 1.0
 REMOTE_SILENCE: Final = 5.0
 # Batches queued in ZeroMQ per stream before log() starts dropping (and counting) records.
 SEND_HWM: Final = 2_000
-RECV_HWM: Final = 100_000
 # How long a finishing client waits for its last batches to leave the process.
 FINAL_FLUSH_TIMEOUT: Final = 5.0
 # How long Run.rank waits for the logger's WELCOME.
