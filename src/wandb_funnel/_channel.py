@@ -6,6 +6,7 @@ Write failures are counted and reported here, never raised into the logger's loo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +30,12 @@ class Channel:
         # A channel whose run could not be opened is broken from the start.
         self._broken: str | None = None if sink is not None else "the run could not be opened"
 
-    def write(self, rows: list[Row]) -> None:
+    def write(self, rows: list[Row], deadline: float | None = None) -> None:
+        """Write ``rows``; past ``deadline`` (monotonic) the rest are counted, not written."""
         for row in rows:
+            if deadline is not None and self._broken is None and time.monotonic() >= deadline:
+                self._broken = "out of time"
+                log(f"{self.name}: out of time to write rows; counting the rest as dropped")
             if self._broken is not None or self.sink is None:
                 self.dropped += row.records
                 continue
@@ -53,14 +58,26 @@ class Channel:
         )
         self._call(f"{kind} update {list(data)!r}", fn, data)
 
-    def finish(self, exit_code: int, extra: dict[str, Any], dropped_elsewhere: int = 0) -> None:
-        """Write every buffered row, then the accounting (``extra`` adds the funnel's own
-        figures; ``dropped_elsewhere`` counts this run's records lost before the logger
-        took them in), then the exit code; once."""
+    def finish(
+        self,
+        exit_code: int,
+        extra: dict[str, Any],
+        dropped_elsewhere: int = 0,
+        write_deadline: float | None = None,
+    ) -> None:
+        """Write every buffered row (until ``write_deadline``; the rest are counted), then the
+        accounting (``extra`` adds the funnel's own figures; ``dropped_elsewhere`` counts this
+        run's records lost before the logger took them in), then the exit code; once.
+
+        Rows are what may not fit in the time left: the summary and the exit record always
+        get written (when wandb answers at all), so a run never ends without its accounting.
+        """
         if self.finished:
             return
         self.finished = True
-        self.write(self.order.pop_all())
+        self.write(self.order.pop_all(), write_deadline)
+        if self._broken == "out of time":
+            self._broken = None  # rows stopped; the summary and finish still go
         summary = {
             **extra,
             "funnel/records": self.records,

@@ -41,7 +41,13 @@ from .sinks import Sink
 _PEER_RCV_HWM = 1_000  # frames queued per peer inside ZeroMQ
 _MAX_QUEUED_RECORDS = 500_000  # records decoded and waiting for the writer: bounds memory
 _EVENTS_PER_WAKE = 500  # events taken before released rows are written out
+# Rows written per wake-up (about 0.2 s of wandb.log): the loop comes back often enough to
+# see a CLOSE, a signal or a dead owner even with a long backlog of rows.
+_ROWS_PER_WAKE = 1_000
 _SIGNAL_BUDGET = 5.0  # seconds to finish when the logger itself is signalled
+# Of the close budget, this much is kept for the summary and wandb's finish: rows that do not
+# fit before it are counted as dropped, so the run always gets its accounting and exit code.
+_FINISH_RESERVE = 2.0
 # Once closing, the logger exits by itself this long after its budget, whatever wandb does:
 # nobody else may be left to kill it (the owner may be dead).
 _WATCHDOG_GRACE = 1.0
@@ -72,6 +78,7 @@ class Logger:
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
+        self._write_deadline: float | None = None  # when closing: rows stop, finish goes on
         self._signal_code: int | None = None
         self._owner_lost = False  # set by the owner-watching thread
         self._watchdog_lock = threading.Lock()
@@ -112,18 +119,22 @@ class Logger:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         threading.Thread(target=self._watch_owner, name="wandb-funnel-owner", daemon=True).start()
+        more_rows = False
         while True:
             now = time.monotonic()
             deadlines = [d for c in self._channels.values() if (d := c.order.next_deadline())]
             wait = min([LOGGER_TICK, *(max(0.0, d - now) for d in deadlines)])
-            caught_up = self._take_events(wait, _EVENTS_PER_WAKE)
+            caught_up = self._take_events(0.0 if more_rows else wait, _EVENTS_PER_WAKE)
             now = time.monotonic()
             # While events are still queued the writer is behind: a row's window may have run
             # out while the straggler's records wait in the queue, so rows wait for floors (or
             # the memory bound) until the writer has caught up.
+            more_rows = False
             for channel in self._channels.values():
                 if not channel.finished:
-                    channel.write(channel.order.pop_ready(now, window_applies=caught_up))
+                    rows = channel.order.pop_ready(now, caught_up, _ROWS_PER_WAKE)
+                    channel.write(rows, self._write_deadline)
+                    more_rows |= len(rows) >= _ROWS_PER_WAKE
             if self._owner_lost and self._closing is None:
                 self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "owner lost")
             if self._signal_code is not None and self._closing is None:
@@ -168,7 +179,7 @@ class Logger:
         elif isinstance(event, Update):
             self._channel(event.rank).update(event.kind, event.data)
         elif isinstance(event, CloseAsked) and self._closing is None:
-            self._begin_close(event.exit_code, event.budget, "closed by the owner")
+            self._begin_close(event.exit_code, event.budget, "closed by the owner", event.at)
 
     def _ended(self, event: Ended) -> None:
         self._active.discard(event.rank)
@@ -193,11 +204,15 @@ class Logger:
         self._owner_lost = True
         self._arm_watchdog(self._close_timeout)
 
-    def _begin_close(self, exit_code: int, budget: float, why: str) -> None:
+    def _begin_close(
+        self, exit_code: int, budget: float, why: str, since: float | None = None
+    ) -> None:
         # Half the budget for stragglers, the rest to write rows and finish wandb.
         budget = max(0.0, budget)
-        self._closing = (exit_code, time.monotonic() + budget / 2, why)
-        self._arm_watchdog(budget)
+        now = time.monotonic() if since is None else since
+        self._closing = (exit_code, now + budget / 2, why)
+        self._write_deadline = now + max(budget / 2, budget - _FINISH_RESERVE)
+        self._arm_watchdog(max(0.0, budget - (time.monotonic() - now)))
 
     def _arm_watchdog(self, budget: float) -> None:
         with self._watchdog_lock:
@@ -252,9 +267,8 @@ class Logger:
         for key, channel in self._channels.items():
             # run_mode="new": a rank still unfinished at close did not finish in time.
             unfinished = key is not None and key in self._active
-            channel.finish(
-                owner_code or EXIT_RANK_DIED if unfinished else exit_code, extra, elsewhere
-            )
+            code = owner_code or EXIT_RANK_DIED if unfinished else exit_code
+            channel.finish(code, extra, elsewhere, self._write_deadline)
         stats = self.stats()
         stats["funnel/exit_reason"] = why
         if stats["funnel/dropped_records"] or stats["funnel/late_records"]:

@@ -104,15 +104,19 @@ class Reorderer:
         self._drop_stale_arrivals()
         return self._arrivals[0][0] + self._window if self._arrivals else None
 
-    def pop_ready(self, now: float, window_applies: bool = True) -> list[Row]:
+    def pop_ready(
+        self, now: float, window_applies: bool = True, limit: int | None = None
+    ) -> list[Row]:
         """Release late rows, then every pending row that is safe or overdue, in step order.
 
         ``window_applies=False`` (the caller is behind on its input, so a straggler's records
         may already be waiting to be read) releases only safe rows and the memory bound.
+        At most ``limit`` pending rows are released (late rows always are).
         """
         out = self._take_late()
         floor = min(self._floors.values(), default=None)
-        while self._heap:
+        released = 0
+        while self._heap and (limit is None or released < limit):
             step = self._heap[0]
             safe = floor is None or step < floor
             overdue = False
@@ -124,6 +128,7 @@ class Reorderer:
             if not (safe or overdue):
                 break
             out.append(self._release_smallest())
+            released += 1
         return out
 
     def pop_all(self) -> list[Row]:

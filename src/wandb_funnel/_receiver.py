@@ -77,6 +77,7 @@ class Ended:
 class CloseAsked:
     exit_code: int
     budget: float
+    at: float  # when it arrived (monotonic): the budget runs from here, not from when handled
 
 
 Event = Attached | Records | Update | Ended | CloseAsked
@@ -198,7 +199,7 @@ class Receiver(threading.Thread):
                 self.rejected_peers += 1
             elif self.closer is None:
                 self.closer = identity
-                self.events.put(CloseAsked(message.exit_code, message.budget))
+                self.events.put(CloseAsked(message.exit_code, message.budget, time.monotonic()))
             return
         peer = self._peers.get(identity)
         if peer is None:  # never said hello (or was rejected): junk, counted

@@ -507,3 +507,31 @@ if __name__ == "__main__":
     run = only_run(scripts.wandb_dir)
     assert run.column("c") == [(0, 0), (1, 1)]  # step 0 merged; the quiet rank's step 1 too
     assert res.leftovers == []
+
+
+def test_close_with_a_row_backlog_keeps_its_deadline_and_accounting(scripts: Scripts) -> None:
+    """More rows than wandb can write within close_timeout: close() still ends in time, and
+    the run still gets its summary and exit record, with the rows that did not fit counted
+    as dropped (records + dropped == sent)."""
+    res = scripts.run(PRELUDE + """
+def child():
+    run = wf.init()
+    for s in range(40000):
+        run.log({"v": 1.0}, step=s)
+    run.finish()
+
+if __name__ == "__main__":
+    funnel = wf.Funnel(project="t", close_timeout=6).start()
+    p = mp.get_context("spawn").Process(target=child); p.start(); p.join(60)
+    t = time.monotonic()
+    funnel.close()
+    report(close_s=time.monotonic() - t, stats=funnel.stats)
+""", timeout=120)
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["close_s"] <= 6.5
+    stats = info["stats"]
+    assert stats["funnel/records"] + stats["funnel/dropped_records"] == 40000
+    run = only_run(scripts.wandb_dir)
+    assert run.exit_code == 0
+    assert run.summary["funnel/records"] == stats["funnel/records"] == len(run.history)
