@@ -154,12 +154,9 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
 
 
 def _check_rank_scope(scope: Any) -> str:
-    if scope not in RANK_SCOPES:
-        raise ValueError(
-            f"wandb_funnel: rank_scope must be one of {', '.join(map(repr, RANK_SCOPES))}, "
-            f"got {scope!r}"
-        )
-    return str(scope)
+    from ._reduce import check_choice
+
+    return check_choice("rank_scope", scope, RANK_SCOPES)
 
 
 def _mark_launcher_rank() -> None:

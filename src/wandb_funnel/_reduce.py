@@ -98,13 +98,18 @@ def check_reduce(reduce: Any) -> dict[str, str]:
     return out
 
 
-def check_run_mode(run_mode: Any) -> str:
-    if run_mode not in RUN_MODES:
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``; else a ValueError naming ``name`` and them."""
+    if value not in choices:
         raise ValueError(
-            f"wandb_funnel: run_mode must be one of {', '.join(map(repr, RUN_MODES))}, "
-            f"got {run_mode!r}"
+            f"wandb_funnel: {name} must be one of {', '.join(map(repr, choices))}, "
+            f"got {value!r}"
         )
-    return str(run_mode)
+    return str(value)
+
+
+def check_run_mode(run_mode: Any) -> str:
+    return check_choice("run_mode", run_mode, RUN_MODES)
 
 
 def flatten(
