@@ -529,7 +529,7 @@ if __name__ == "__main__":
 """, timeout=120)
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
-    assert info["close_s"] <= 6.5
+    assert info["close_s"] <= 6 + 1.5  # close_timeout, plus slack for a loaded CI machine
     stats = info["stats"]
     assert stats["funnel/records"] + stats["funnel/dropped_records"] == 40000
     run = only_run(scripts.wandb_dir)
