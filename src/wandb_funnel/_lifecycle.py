@@ -26,7 +26,6 @@ ShutdownCallback = Callable[[int, str], None]  # (exit_code, reason)
 _callbacks: list[tuple[int, ShutdownCallback]] = []  # (priority, callback); low runs first
 _exit_hook_pid = -1
 _previous_sigterm: Any = None
-_sigterm_pid = -1
 
 
 def _reset_in_child() -> None:
@@ -152,17 +151,15 @@ def _install_exit_hooks() -> None:
 
 def install_sigterm_hook() -> None:
     """Hook SIGTERM in this process, once; only possible from the main thread."""
-    global _previous_sigterm, _sigterm_pid
+    global _previous_sigterm
     if threading.current_thread() is not threading.main_thread():
         return
     current = signal.getsignal(signal.SIGTERM)
     if current is _on_sigterm:
-        _sigterm_pid = os.getpid()
         return
     if current == signal.SIG_IGN:
         return  # the process chose to survive SIGTERM: nothing to do on it
     _previous_sigterm = current
-    _sigterm_pid = os.getpid()
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 

@@ -140,7 +140,8 @@ class Logger:
             if self._signal_code is not None and self._closing is None:
                 self._begin_close(self._signal_code, _SIGNAL_BUDGET, "signalled")
             if not self._receiver.is_alive() and self._closing is None:
-                self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "receiver failed")
+                why = f"receiver failed: {self._receiver.failure!r}"
+                self._begin_close(EXIT_OWNER_LOST, self._close_timeout, why)
             if self._closing is not None:
                 _, straggler_deadline, _ = self._closing
                 if (not self._active and caught_up) or now >= straggler_deadline:
