@@ -29,7 +29,10 @@ def report(**kw):
 mode, scope, behaviour = sys.argv[1], sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-run = wf.init(project="t", id="base", run_mode=mode, rank_scope=scope, reduce={{"tput": "sum"}})
+# A wide window: 4 ranks on 2 CI cores can be descheduled for seconds, and these tests are
+# about what is merged, not about how long a straggler may hold rows (tested elsewhere).
+run = wf.init(project="t", id="base", run_mode=mode, rank_scope=scope, reduce={{"tput": "sum"}},
+              reorder_window=30)
 report(rank=rank, run_id=run.id)
 gathered = []
 for step in range({STEPS}):
