@@ -135,6 +135,9 @@ class Logger:
                     rows = channel.order.pop_ready(now, caught_up, _ROWS_PER_WAKE)
                     channel.write(rows, self._write_deadline)
                     more_rows |= len(rows) >= _ROWS_PER_WAKE
+            asked = self._receiver.close_asked
+            if asked is not None and self._closing is None:
+                self._begin_close(asked.exit_code, asked.budget, "closed by the owner", asked.at)
             if self._owner_lost and self._closing is None:
                 self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "owner lost")
             if self._signal_code is not None and self._closing is None:
@@ -168,9 +171,14 @@ class Logger:
     def _handle(self, event: Event) -> None:
         if isinstance(event, Records):
             now = time.monotonic()
-            order = self._channel(event.rank).order
-            for rec in event.records:
-                order.add(event.rank, rec.step, rec.committed, rec.data, now)
+            channel = self._channel(event.rank)
+            if self._write_deadline is not None and now >= self._write_deadline:
+                # Out of time to write rows: count the backlog instead of ordering it. Ordering
+                # 500k queued records takes seconds, which the summary and finish need.
+                channel.dropped += len(event.records)
+            else:
+                for rec in event.records:
+                    channel.order.add(event.rank, rec.step, rec.committed, rec.data, now)
             self._receiver.taken(len(event.records))
         elif isinstance(event, Attached):
             self._active.add(event.rank)

@@ -125,6 +125,7 @@ class Receiver(threading.Thread):
         self._room = threading.Condition()
         self._max_queued = max_queued_records
         self.closer: bytes | None = None
+        self.close_asked: CloseAsked | None = None
         # Accounting (read by the writer once this thread has stopped).
         self.dropped = 0
         self.junk_frames = 0
@@ -199,7 +200,11 @@ class Receiver(threading.Thread):
                 self.rejected_peers += 1
             elif self.closer is None:
                 self.closer = identity
-                self.events.put(CloseAsked(message.exit_code, message.budget, time.monotonic()))
+                asked = CloseAsked(message.exit_code, message.budget, time.monotonic())
+                # Also out of band: behind a backlog of queued records the writer would see
+                # the CLOSE only after writing them all, long past the owner's deadline.
+                self.close_asked = asked
+                self.events.put(asked)
             return
         peer = self._peers.get(identity)
         if peer is None:  # never said hello (or was rejected): junk, counted

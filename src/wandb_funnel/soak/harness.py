@@ -1,0 +1,359 @@
+"""Runs one soak iteration: a program in a private directory, a fault, then every check.
+
+Every process of the job carries a marker in its environment (the logger, wandb-core, workers
+and torchrun ranks inherit it), so the harness finds them all with psutil: to sample their
+memory, to pick a fault's target, and to prove that none is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import psutil
+
+from . import probe
+from .runfile import find_runs
+from .scenarios import Scenario
+
+MARK_VAR = "WANDB_FUNNEL_SOAK_MARK"
+PROGRAMS = pathlib.Path(__file__).parent / "programs"
+# After the owner exits, the rest of the job (the logger finishing the run, wandb-core noticing
+# its parent is gone) must be gone within this long, or it counts as left behind.
+LINGER_LIMIT = 15.0
+_TICK = 0.1
+
+
+@dataclass
+class Iteration:
+    scenario: str
+    index: int
+    seed: str
+    plain: bool = False
+    directory: str = ""
+    hang: bool = False
+    owner_exit: int | None = None
+    run_exits: list[int | None] = field(default_factory=list)
+    exit_s: float | None = None  # end of training (or the fault) to every process gone
+    sent: int = 0
+    logged: int = 0
+    dropped: int = 0
+    lost: int = 0
+    lost_reason: str | None = None
+    fault_done: bool = False
+    leftover_processes: list[str] = field(default_factory=list)
+    leftover_sockets: list[str] = field(default_factory=list)
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)
+    rates: list[float] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _role(proc: psutil.Process, owner_pid: int) -> str:
+    if proc.pid == owner_pid:
+        return "owner"
+    try:
+        cmd = " ".join(proc.cmdline())
+    except psutil.Error:
+        return "worker"
+    if "wandb_funnel._logger" in cmd:
+        return "logger"
+    if "wandb-core" in cmd or proc.name().startswith("wandb-core"):
+        return "wandb-core"
+    return "worker"
+
+
+class _Job:
+    """The processes of one iteration, found by marker; scanning is cached by pid."""
+
+    def __init__(self, mark: str, owner_pid: int) -> None:
+        self.mark, self.owner_pid = mark, owner_pid
+        self._known: dict[tuple[int, float], bool] = {}
+
+    def processes(self) -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["pid", "create_time"]):
+            key = (proc.info["pid"], proc.info["create_time"] or 0.0)
+            marked = self._known.get(key)
+            if marked is None:
+                try:
+                    marked = proc.environ().get(MARK_VAR) == self.mark
+                except (psutil.Error, OSError):
+                    continue  # gone, or a zombie: not running
+                self._known[key] = marked
+            if marked:
+                try:
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        found.append(proc)
+                except psutil.Error:
+                    pass
+        return found
+
+    def by_role(self, role: str) -> list[psutil.Process]:
+        return [p for p in self.processes() if _role(p, self.owner_pid) == role]
+
+    def signal_all(self, signum: int) -> None:
+        for proc in self.processes():
+            try:
+                proc.send_signal(signum)
+            except psutil.Error:
+                pass
+
+
+def _command(scenario: Scenario, program: str, rng: random.Random) -> list[str]:
+    path = str(PROGRAMS / program)
+    if not scenario.torchrun:
+        return [sys.executable, path, *scenario.args]
+    nproc = scenario.torchrun if scenario.torchrun > 0 else rng.randint(2, 4)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc), path, *scenario.args]
+
+
+def _environment(mark: str, wandb_dir: pathlib.Path, tmp: str, events: str, sent: str,
+                 seed: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "TORCHELASTIC"))}
+    env.update({
+        "WANDB_DIR": str(wandb_dir), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+        "PYTHONUNBUFFERED": "1", "TMPDIR": tmp, MARK_VAR: mark,
+        probe.EVENTS_ENV: events, probe.SENT_ENV: sent, probe.SEED_ENV: seed,
+        "OMP_NUM_THREADS": "1",
+    })
+    return env
+
+
+class _Fault:
+    """Injects a scenario's fault once the program said ready, after a random delay."""
+
+    def __init__(self, scenario: Scenario, job: _Job, rng: random.Random) -> None:
+        self.spec = scenario.fault
+        self.job, self.rng = job, rng
+        self.due: float | None = None
+        self.done_at: float | None = None
+        self.later: list[tuple[float, Callable[[], None]]] = []
+        self.stopped: list[psutil.Process] = []
+        self.worker_pids: set[int] = set()  # pids that said ``worker`` (never rank 0)
+
+    def tick(self, ready: bool, now: float) -> None:
+        for when, action in list(self.later):
+            if now >= when:
+                self.later.remove((when, action))
+                action()
+        if self.spec is None or self.done_at is not None or not ready:
+            return
+        if self.due is None:
+            self.due = now + self.rng.uniform(*self.spec.delay)
+        if now >= self.due and self._inject(now):
+            self.done_at = time.time()
+
+    def _inject(self, now: float) -> bool:
+        assert self.spec is not None
+        action, owner = self.spec.action, self.job.owner_pid
+        grace = self.rng.uniform(*self.spec.grace)
+        if action == "sigint-group":
+            os.killpg(owner, signal.SIGINT)
+        elif action == "preempt":
+            os.killpg(owner, signal.SIGTERM)
+            self.later.append((now + grace, lambda: _killpg(owner)))
+        elif action == "scancel":
+            self.job.signal_all(signal.SIGTERM)
+            self.later.append((now + grace, lambda: self.job.signal_all(signal.SIGKILL)))
+        elif action == "sigterm-owner":
+            os.kill(owner, signal.SIGTERM)
+        elif action == "kill-worker":
+            return self._kill_one("worker")
+        elif action == "kill-logger":
+            return self._kill_one("logger")
+        elif action == "kill-wandb-core":
+            return self._kill_one("wandb-core")
+        elif action == "stall-wandb-core":
+            cores = self.job.by_role("wandb-core")
+            if not cores:
+                return False
+            for proc in cores:
+                proc.suspend()
+            self.stopped = cores
+            self.later.append((now + grace, self.resume))
+        else:
+            raise ValueError(f"unknown fault action {action!r}")
+        return True
+
+    def _kill_one(self, role: str) -> bool:
+        candidates = self.job.by_role(role)
+        if role == "worker":
+            candidates = [p for p in candidates if p.pid in self.worker_pids]
+        if not candidates:
+            return False
+        try:
+            self.rng.choice(candidates).kill()
+        except psutil.Error:
+            return False
+        return True
+
+    def resume(self) -> None:
+        for proc in self.stopped:
+            try:
+                proc.resume()
+            except psutil.Error:
+                pass
+        self.stopped = []
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} {' '.join(proc.cmdline())[:100]}"
+    except psutil.Error:
+        return str(proc.pid)
+
+
+def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: str,
+                  plain: bool = False) -> Iteration:
+    """Run ``scenario`` once (its plain-wandb program when ``plain``) and check everything."""
+    program = scenario.plain if plain and scenario.plain else scenario.program
+    it = Iteration(scenario.name, index, seed, plain)
+    directory = out_dir / f"{scenario.name}{'-plain' if plain else ''}-{index:04d}"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    it.directory = str(directory)
+    # Short on purpose: the logger's IPC socket lives under TMPDIR (sun_path is 108 bytes).
+    tmp = tempfile.mkdtemp(prefix="wfs-")
+    events, sent = str(directory / "events.jsonl"), str(directory / "sent.bin")
+    probe.create_sent_file(sent)
+    rng = random.Random(seed)
+    mark = uuid.uuid4().hex
+    with open(directory / "stdout.txt", "wb") as out, open(directory / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(
+            _command(scenario, program, rng), cwd=directory, stdout=out, stderr=err,
+            env=_environment(mark, directory, tmp, events, sent, seed), start_new_session=True,
+        )
+    try:
+        _supervise(scenario, it, proc, mark, events, rng, plain)
+    finally:
+        if proc.poll() is None:
+            _killpg(proc.pid)
+            proc.wait()
+    _check_sockets(it, tmp)
+    _account(scenario, it, directory, sent, plain)
+    return it
+
+
+def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes], mark: str,
+               events: str, rng: random.Random, plain: bool) -> None:
+    job = _Job(mark, proc.pid)
+    fault = _Fault(scenario, job, rng)
+    t_start = time.monotonic()
+    deadline = t_start + scenario.deadline
+    owner_gone: float | None = None
+    seen_events = 0
+    ready = False
+    all_gone_at: float | None = None
+    while True:
+        now = time.monotonic()
+        evs = probe.read_events(events)
+        for ev in evs[seen_events:]:
+            if ev["event"] == "ready":
+                ready = True
+            elif ev["event"] == "worker" and ev.get("slot", 1) != 0:
+                fault.worker_pids.add(ev["pid"])
+        seen_events = len(evs)
+        fault.tick(ready, now)
+        alive = job.processes()
+        for p in alive:
+            role = _role(p, proc.pid)
+            try:
+                rss = p.memory_info().rss / 2**20
+            except psutil.Error:
+                continue
+            it.peak_rss_mb[role] = round(max(it.peak_rss_mb.get(role, 0.0), rss), 1)
+        if owner_gone is None and proc.poll() is not None:
+            owner_gone = now
+            it.owner_exit = proc.returncode
+        if owner_gone is not None and not alive:
+            all_gone_at = time.time()
+            break
+        if owner_gone is None and now > deadline:
+            it.hang = True
+            it.problems.append(f"hang: still running after its {scenario.deadline:.0f}s deadline")
+            break
+        if owner_gone is not None and now > min(deadline, owner_gone + LINGER_LIMIT):
+            break
+        time.sleep(_TICK)
+    fault.resume()
+    left = job.processes()
+    it.leftover_processes = [_describe(p) for p in left]
+    if left and not it.hang:
+        it.problems.append(f"left behind: {it.leftover_processes}")
+    _killpg(proc.pid)
+    job.signal_all(signal.SIGKILL)
+    it.fault_done = fault.done_at is not None
+    ends = [ev["t"] for ev in probe.read_events(events) if ev["event"] == "train_end"]
+    t0 = fault.done_at if (fault.done_at and scenario.fault and scenario.fault.ends_training) \
+        else (max(ends) if ends else None)
+    if all_gone_at is not None and t0 is not None:
+        it.exit_s = round(max(0.0, all_gone_at - t0), 3)
+    it.rates = [round(ev["per_s"]) for ev in probe.read_events(events) if ev["event"] == "rate"]
+    if not plain and it.owner_exit is not None and it.owner_exit not in scenario.owner_exit:
+        it.problems.append(f"owner exit code {it.owner_exit}, expected {scenario.owner_exit}")
+
+
+def _check_sockets(it: Iteration, tmp: str) -> None:
+    for root, dirs, files in os.walk(tmp):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            if "wandb-funnel" in path or name.endswith(".sock"):
+                it.leftover_sockets.append(os.path.relpath(path, tmp))
+    shutil.rmtree(tmp, ignore_errors=True)
+    if it.leftover_sockets and not it.plain:
+        it.problems.append(f"socket files left: {it.leftover_sockets}")
+
+
+def _account(scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: str,
+             plain: bool) -> None:
+    it.sent = sum(probe.read_sent_file(sent))
+    try:
+        runs = find_runs(directory)
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        it.problems.append(f"cannot read the .wandb file: {exc}")
+        return
+    it.run_exits = [r.exit_code for r in runs]
+    it.logged = sum(r.count_cells(r"r\d+") for r in runs)
+    it.dropped = sum(int(r.summary.get("funnel/dropped_records", 0)) for r in runs)
+    it.lost = it.sent - it.logged - it.dropped
+    if plain:
+        return
+    if it.lost < 0:
+        it.problems.append(f"{-it.lost} more records in the run than were sent")
+    elif it.lost > 0:
+        if scenario.may_lose:
+            it.lost_reason = scenario.may_lose
+        else:
+            it.problems.append(f"{it.lost} records lost without a reason")
+    if scenario.run_exit is not None and not it.hang:
+        if len(runs) != scenario.runs:
+            it.problems.append(f"{len(runs)} runs written, expected {scenario.runs}")
+        wrong = [c for c in it.run_exits if c != scenario.run_exit]
+        if wrong:
+            it.problems.append(f"run exit records {it.run_exits}, expected {scenario.run_exit}")

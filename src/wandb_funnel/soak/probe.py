@@ -1,0 +1,83 @@
+"""What a soak program uses to tell the harness what it did; no-ops outside the harness.
+
+- ``count(slot)`` after each ``log()`` that returned: a per-slot counter in a shared,
+  file-backed mmap. It survives SIGKILL of the process that wrote it, so the harness knows
+  exactly how many records every worker handed to the funnel, whoever died.
+- ``event(name, **fields)`` appends one JSON line (``t`` is wall-clock time): ``ready``
+  (the harness may now inject its fault), ``train_end`` (training code is over; exit time
+  is counted from here), ``worker`` (a pid the harness may kill), and so on.
+- ``rng()`` is seeded by the harness, so an iteration's randomized timings can be replayed.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import random
+import struct
+import time
+from typing import Any
+
+SENT_ENV = "WANDB_FUNNEL_SOAK_SENT"
+EVENTS_ENV = "WANDB_FUNNEL_SOAK_EVENTS"
+SEED_ENV = "WANDB_FUNNEL_SOAK_SEED"
+SLOTS = 256
+_SLOT = struct.Struct("<q")
+
+_map: mmap.mmap | None = None
+_map_pid = -1
+
+
+def create_sent_file(path: str) -> None:
+    with open(path, "wb") as f:
+        f.write(b"\0" * _SLOT.size * SLOTS)
+
+
+def read_sent_file(path: str) -> list[int]:
+    with open(path, "rb") as f:
+        data = f.read()
+    return [_SLOT.unpack_from(data, i * _SLOT.size)[0] for i in range(len(data) // _SLOT.size)]
+
+
+def _sent_map() -> mmap.mmap | None:
+    global _map, _map_pid
+    if _map_pid != os.getpid():  # a forked child maps the file again; cheap and explicit
+        path = os.environ.get(SENT_ENV)
+        _map, _map_pid = None, os.getpid()
+        if path:
+            with open(path, "r+b") as f:
+                _map = mmap.mmap(f.fileno(), _SLOT.size * SLOTS)
+    return _map
+
+
+def count(slot: int, n: int = 1) -> None:
+    """Record that ``n`` more log() calls of ``slot`` returned (one writer per slot)."""
+    m = _sent_map()
+    if m is not None:
+        offset = slot * _SLOT.size
+        _SLOT.pack_into(m, offset, _SLOT.unpack_from(m, offset)[0] + n)
+
+
+def event(name: str, **fields: Any) -> None:
+    path = os.environ.get(EVENTS_ENV)
+    if not path:
+        return
+    line = json.dumps({"event": name, "t": time.time(), "pid": os.getpid(), **fields}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())  # one write with O_APPEND: lines never interleave
+    finally:
+        os.close(fd)
+
+
+def read_events(path: str) -> list[dict[str, Any]]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def rng() -> random.Random:
+    return random.Random(os.environ.get(SEED_ENV, "0"))

@@ -1,0 +1,35 @@
+"""Spawned ``mp.Process`` workers logging steadily for a few seconds: the program that the
+harness disturbs (Ctrl-C, preemption, SIGKILL of a worker, of the logger, of wandb-core).
+
+A Pool would not do here: one SIGKILLed Pool worker makes ``Pool.map`` wait forever, a
+multiprocessing limit that has nothing to do with logging.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import wandb_funnel as wf
+from wandb_funnel.soak import probe
+from wandb_funnel.soak.programs._work import train
+
+
+def main() -> None:
+    rng = probe.rng()
+    workers = rng.randint(2, 3)
+    steps = rng.randint(800, 1500)
+    ctx = mp.get_context("spawn")
+    with wf.Funnel(project="soak", close_timeout=8):
+        procs = [
+            ctx.Process(target=train, args=(slot, steps, 0.003)) for slot in range(1, 1 + workers)
+        ]
+        for p in procs:
+            p.start()
+        probe.event("ready")
+        for p in procs:
+            p.join()
+        probe.event("train_end")
+
+
+if __name__ == "__main__":
+    main()

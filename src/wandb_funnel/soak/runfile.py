@@ -1,0 +1,95 @@
+"""Reads back what wandb really wrote: the ``.wandb`` files of offline runs.
+
+Uses ``wandb leet inspect --json`` (shipped inside the wandb wheel), so the soak harness and
+the tests check wandb's own view of the file rather than anything we think we sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WandbRun:
+    path: pathlib.Path
+    run_id: str = ""
+    group: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    def count_cells(self, pattern: str) -> int:
+        """How many history cells have a key matching ``pattern`` (a full-match regex)."""
+        regex = re.compile(pattern)
+        return sum(1 for row in self.history for key in row if regex.fullmatch(key))
+
+    def column(self, key: str) -> list[tuple[int, Any]]:
+        """(global_step, value) for every history row that has ``key``, in file order."""
+        return [(row["global_step"], row[key]) for row in self.history if key in row]
+
+
+def _wandb_cli() -> list[str]:
+    exe = pathlib.Path(sys.executable).with_name("wandb")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("wandb")
+    if found:
+        return [found]
+    return [sys.executable, "-m", "wandb"]
+
+
+def read_run(path: os.PathLike[str] | str) -> WandbRun:
+    """Parse one ``run-*.wandb`` file."""
+    out = subprocess.run(
+        [*_wandb_cli(), "leet", "inspect", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    run = WandbRun(pathlib.Path(path))
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        kind = rec.get("type")
+        if kind == "run":
+            body = rec["run"]
+            run.run_id = body.get("run_id", "")
+            run.group = body.get("run_group", "")
+            for key, value in body.get("config", {}).get("update", {}).items():
+                run.config[key] = value
+        elif kind == "history":
+            run.history.append(rec["history"]["item"])
+        elif kind == "summary":
+            run.summary.update(rec["summary"].get("update", {}))
+        elif kind == "config":
+            run.config.update(rec["config"].get("update", {}))
+        elif kind == "metric":
+            run.metrics.append(rec["metric"])
+        elif kind == "exit":
+            run.exit_code = int(rec["exit"].get("exit_code", 0))
+    return run
+
+
+def find_runs(wandb_dir: os.PathLike[str] | str) -> list[WandbRun]:
+    """Every offline run under ``$WANDB_DIR/wandb`` (the ``latest-run`` link skipped)."""
+    root = pathlib.Path(wandb_dir) / "wandb"
+    files = sorted(root.glob("offline-run-*/run-*.wandb"))
+    return [read_run(f) for f in files]
+
+
+def only_run(wandb_dir: os.PathLike[str] | str) -> WandbRun:
+    runs = find_runs(wandb_dir)
+    assert len(runs) == 1, f"expected exactly one run under {wandb_dir}, found {len(runs)}"
+    return runs[0]

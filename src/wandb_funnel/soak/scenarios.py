@@ -1,0 +1,118 @@
+"""The fault matrix: which program runs, what the harness does to it, and what must hold.
+
+A scenario's expectations are the documented behaviour (README, "Exit paths"):
+- ``owner_exit``: the return codes the owner (or torchrun) may end with;
+- ``run_exit``: the exit code the ``.wandb`` file's exit record must carry, or ``None`` when
+  the fault takes the logger or wandb-core down, so that no exit record can be written;
+- ``may_lose``: why records may be missing from the run; ``None`` means every record sent
+  must be logged or counted as dropped.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+
+# Fault actions the harness knows (see harness.inject):
+#   sigint-group      Ctrl-C in a terminal: SIGINT to the owner's process group
+#   preempt           SIGTERM to the owner's group, then SIGKILL to it after ``grace`` s
+#   scancel           SIGTERM to every process of the job (logger and wandb-core too), then
+#                     SIGKILL to every one still alive after ``grace`` s
+#   sigterm-owner     SIGTERM to the owner only (torchrun, or a user's own handler)
+#   kill-worker       SIGKILL to one worker that said ``worker`` (rank > 0 for torchrun)
+#   kill-logger       SIGKILL to the logger process
+#   kill-wandb-core   SIGKILL to wandb-core
+#   stall-wandb-core  SIGSTOP wandb-core for ``grace`` s, then SIGCONT: a sink that stalls
+
+
+@dataclass(frozen=True)
+class Fault:
+    action: str
+    delay: tuple[float, float] = (1.0, 3.0)  # random delay after the program said ready
+    grace: tuple[float, float] = (0.0, 0.0)
+    ends_training: bool = True  # exit time is counted from the fault, not from train_end
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    program: str
+    args: tuple[str, ...] = ()
+    torchrun: int = 0  # ranks under torchrun --standalone; 0 runs ``python program``
+    deadline: float = 60.0
+    owner_exit: tuple[int, ...] = (0,)
+    run_exit: int | None = 0
+    fault: Fault | None = None
+    may_lose: str | None = None
+    needs: tuple[str, ...] = ()
+    plain: str | None = None  # the plain-wandb program a public report describes
+    runs: int = 1  # how many .wandb runs the job writes
+    tags: tuple[str, ...] = field(default=())
+
+
+_KILLED_WORKER = "a SIGKILLed worker loses the records still in its unsent batch"
+_NO_LOGGER = "the logger was killed: rows not yet flushed by wandb-core are lost"
+_NO_CORE = "wandb-core was killed: rows it had not written yet are lost"
+_SIGINT = (130, -2, 1)  # KeyboardInterrupt ends Python by re-raising SIGINT (-2)
+_SIGTERM = (143, -15)
+
+SCENARIOS: list[Scenario] = [
+    Scenario("pool-spawn", "spawn Pool, normal exit", "pool.py", ("--method", "spawn")),
+    Scenario("pool-fork", "fork Pool, normal exit", "pool.py", ("--method", "fork")),
+    Scenario("pool-terminate", "Pool terminated by its context manager mid-logging",
+             "pool.py", ("--method", "spawn", "--ending", "terminate")),
+    Scenario("worker-raises", "an exception in a Pool worker reaches the owner",
+             "pool.py", ("--method", "spawn", "--ending", "worker-raise"),
+             owner_exit=(1,), run_exit=1),
+    Scenario("owner-raises", "an exception in the owner while workers log",
+             "pool.py", ("--method", "fork", "--ending", "owner-raise"),
+             owner_exit=(1,), run_exit=1),
+    Scenario("no-close", "the owner exits without close()/finish()",
+             "pool.py", ("--method", "spawn", "--ending", "no-close")),
+    Scenario("ctrl-c", "SIGINT to the owner's process group mid-run (Ctrl-C)",
+             "processes.py", owner_exit=_SIGINT, run_exit=130,
+             fault=Fault("sigint-group")),
+    Scenario("preempted", "SIGTERM to the job, SIGKILL after a grace period (SLURM, k8s)",
+             "processes.py", owner_exit=_SIGTERM, run_exit=143,
+             fault=Fault("preempt", grace=(8.0, 12.0))),
+    Scenario("worker-killed", "SIGKILL to one worker mid-run", "processes.py",
+             fault=Fault("kill-worker", ends_training=False), may_lose=_KILLED_WORKER),
+    # The owner's wandb teardown (atexit) then finishes the orphaned run with exit code 0.
+    Scenario("logger-killed", "SIGKILL to the logger mid-run: training goes on",
+             "processes.py", run_exit=None,
+             fault=Fault("kill-logger", ends_training=False), may_lose=_NO_LOGGER),
+    Scenario("wandb-core-killed", "SIGKILL to wandb-core mid-run: training goes on",
+             "processes.py", run_exit=None,
+             fault=Fault("kill-wandb-core", ends_training=False), may_lose=_NO_CORE),
+    Scenario("sink-behind", "workers log flat out, far faster than wandb writes rows",
+             "flood.py", deadline=90),
+    Scenario("sink-stalls", "workers log flat out while wandb-core is stopped for seconds",
+             "flood.py", deadline=90,
+             fault=Fault("stall-wandb-core", delay=(0.5, 1.5), grace=(2.0, 4.0),
+                         ends_training=False)),
+    Scenario("torchrun", "torchrun, 2-4 ranks, normal exit", "ddp.py", torchrun=-1,
+             needs=("torch",), deadline=120),
+    Scenario("torchrun-rank-raises", "torchrun, one rank raises", "ddp.py",
+             ("--raise-rank", "1"), torchrun=-1, needs=("torch",), deadline=120,
+             owner_exit=(1,), run_exit=1),
+    Scenario("torchrun-sigterm", "SIGTERM to torchrun mid-run", "ddp.py", torchrun=-1,
+             needs=("torch",), deadline=120, owner_exit=(1, *_SIGTERM), run_exit=143,
+             fault=Fault("sigterm-owner", delay=(0.0, 1.0))),
+    Scenario("torchrun-rank-killed", "SIGKILL to one rank (not rank 0) mid-run", "ddp.py",
+             torchrun=-1, needs=("torch",), deadline=120, owner_exit=(1,), run_exit=143,
+             fault=Fault("kill-worker", delay=(0.0, 1.0)), may_lose=_KILLED_WORKER),
+    Scenario("dataloader-fork", "DataLoader workers forked from ranks that already logged",
+             "ddp.py", ("--loader-workers", "2"), torchrun=2, needs=("torch",), deadline=120),
+]
+
+
+def select(patterns: list[str] | None) -> list[Scenario]:
+    """Scenarios whose name matches any of ``patterns`` (globs); all of them when empty."""
+    if not patterns:
+        return list(SCENARIOS)
+    chosen = [s for s in SCENARIOS if any(fnmatch.fnmatch(s.name, p) for p in patterns)]
+    if not chosen:
+        names = ", ".join(s.name for s in SCENARIOS)
+        raise ValueError(f"no scenario matches {patterns!r}; known: {names}")
+    return chosen
