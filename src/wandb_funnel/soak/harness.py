@@ -54,6 +54,7 @@ class Iteration:
     fault_done: bool = False
     leftover_processes: list[str] = field(default_factory=list)
     leftover_sockets: list[str] = field(default_factory=list)
+    wandb_sockets: list[str] = field(default_factory=list)  # wandb-core's, see _check_sockets
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     rates: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -320,11 +321,16 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
 
 
 def _check_sockets(it: Iteration, tmp: str) -> None:
+    """Ours (the logger's private ``wandb-funnel-*`` directory) must be gone. wandb-core's
+    own sockets (``wandb_symon-*.sock``) are listed apart: a SIGTERMed or SIGKILLed
+    wandb-core leaves them, and nothing of ours can remove them."""
     for root, dirs, files in os.walk(tmp):
         for name in dirs + files:
-            path = os.path.join(root, name)
-            if "wandb-funnel" in path or name.endswith(".sock"):
-                it.leftover_sockets.append(os.path.relpath(path, tmp))
+            path = os.path.relpath(os.path.join(root, name), tmp)
+            if path.startswith("wandb-funnel-"):
+                it.leftover_sockets.append(path)
+            elif name.endswith(".sock"):
+                it.wandb_sockets.append(path)
     shutil.rmtree(tmp, ignore_errors=True)
     if it.leftover_sockets and not it.plain:
         it.problems.append(f"socket files left: {it.leftover_sockets}")

@@ -16,6 +16,7 @@ COLUMNS = [
     ("exit_p50_s", "exit p50 s"), ("exit_p95_s", "exit p95 s"), ("exit_max_s", "exit max s"),
     ("sent", "sent"), ("logged", "logged"), ("dropped", "dropped"), ("lost", "lost"),
     ("leftover_processes", "procs left"), ("leftover_sockets", "sockets left"),
+    ("wandb_sockets", "wandb-core sockets left"),
     ("logger_rss_mb", "logger MB"), ("worker_rss_mb", "worker MB"), ("plain", "plain wandb"),
 ]
 
@@ -54,6 +55,7 @@ def summarize(iterations: Iterable[Iteration]) -> list[dict[str, Any]]:
             "lost_reasons": reasons,
             "leftover_processes": sum(len(i.leftover_processes) for i in ours),
             "leftover_sockets": sum(len(i.leftover_sockets) for i in ours),
+            "wandb_sockets": sum(len(i.wandb_sockets) for i in ours),
             "logger_rss_mb": max((i.peak_rss_mb.get("logger", 0) for i in ours), default=0),
             "worker_rss_mb": max((i.peak_rss_mb.get("worker", 0) for i in ours), default=0),
             "worker_rate_per_s": _median([r for i in ours for r in i.rates]),
