@@ -38,6 +38,7 @@ _KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a logger that faile
 # deadline, then terminates and kills within that margin: everything ends within close_timeout.
 _LOGGER_SHARE = 0.8
 _KILL_MARGIN = 0.5
+_TEARDOWN_TIMEOUT = 2.0  # seconds an exiting owner waits for wandb-core to shut down
 
 
 def _check_positive(name: str, value: Any) -> float:
@@ -135,6 +136,7 @@ class Funnel:
         self._run: Run | None = None
         self._saved_env: dict[str, str | None] = {}
         self._closed = False
+        self._owns_service = False  # this process started wandb-core (see _close_on_exit)
         # Set by the DDP path (_ddp.py) before start(); the defaults are a plain funnel.
         self._owner_rank = 0
         self._first_auto_rank = 1
@@ -181,7 +183,8 @@ class Funnel:
             raise RuntimeError("wandb_funnel: Funnel.start() called twice")
         from .sinks.wandb import setup_service
 
-        setup_service()  # before any process is spawned, so all of them share one wandb-core
+        # Before any process is spawned, so all of them share one wandb-core.
+        self._owns_service = setup_service()
         if self._tcp_host is not None:
             self._curve = new_curve_keys()
         self._address, self._ipc_dir = private_ipc_endpoint()
@@ -388,6 +391,10 @@ class Funnel:
 
     def _close_on_exit(self, exit_code: int, reason: str) -> None:
         self.close(exit_code)
+        if self._owns_service:
+            from .sinks.wandb import teardown_service
+
+            teardown_service(_TEARDOWN_TIMEOUT)
 
     def __enter__(self) -> Funnel:
         return self.start() if self._proc is None else self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import string
+import threading
 from typing import Any
 
 from .._config import TRANSACTION_LOG_FLUSH_INTERVAL
@@ -17,12 +18,39 @@ def generate_run_id() -> str:
     return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
 
 
-def setup_service() -> None:
+def setup_service() -> bool:
     """Start (or join) wandb-core in this process, so that every process started after us,
-    the logger included, attaches to one service through ``WANDB_SERVICE``."""
+    the logger included, attaches to one service through ``WANDB_SERVICE``. True when this
+    call started it (no service was inherited)."""
     import wandb
 
+    started = "WANDB_SERVICE" not in os.environ
     wandb.setup()
+    return started
+
+
+def teardown_service(timeout: float) -> bool:
+    """Shut down the wandb-core this process started, waiting at most ``timeout`` seconds.
+
+    wandb tears its service down in an atexit hook, which processes that leave through
+    ``os._exit`` (multiprocessing children) never run: wandb-core then lingers until it
+    notices its parent is gone, seconds later. On a thread, because a stalled wandb-core
+    must not hold the exit.
+    """
+    import wandb
+
+    done = threading.Event()
+
+    def teardown() -> None:
+        try:
+            wandb.teardown()
+        except BaseException:  # SystemExit included: wandb exits with core's code
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=teardown, name="wandb-funnel-teardown", daemon=True).start()
+    return done.wait(timeout)
 
 
 def settings_to_dict(settings: Any) -> dict[str, Any]:

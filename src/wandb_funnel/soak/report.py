@@ -13,6 +13,7 @@ from .harness import Iteration
 
 COLUMNS = [
     ("scenario", "scenario"), ("iterations", "iters"), ("failed", "failed"), ("hangs", "hangs"),
+    ("faults_missed", "faults missed"),
     ("exit_p50_s", "exit p50 s"), ("exit_p95_s", "exit p95 s"), ("exit_max_s", "exit max s"),
     ("sent", "sent"), ("logged", "logged"), ("dropped", "dropped"), ("lost", "lost"),
     ("leftover_processes", "procs left"), ("leftover_sockets", "sockets left"),
