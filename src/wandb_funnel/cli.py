@@ -7,6 +7,7 @@ import datetime
 import importlib.util
 import pathlib
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -110,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     soak.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = parser.parse_args(argv)
     if args.command == "soak":
+        # A shell starting us in the background (nohup cmd &) ignores SIGINT, and an ignored
+        # signal is inherited through exec: the programs would then shrug off the Ctrl-C
+        # scenario. A handler of ours is reset to the default at exec instead.
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if args.list:
             from .soak.scenarios import SCENARIOS
 

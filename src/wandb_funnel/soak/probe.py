@@ -31,13 +31,16 @@ _map_pid = -1
 
 def create_sent_file(path: str) -> None:
     with open(path, "wb") as f:
-        f.write(b"\0" * _SLOT.size * SLOTS)
+        f.write(b"\0" * _SLOT.size * SLOTS * 2)  # returned counts, then attempted counts
 
 
-def read_sent_file(path: str) -> list[int]:
+def read_sent_file(path: str) -> tuple[list[int], list[int]]:
+    """(returned, attempted) per slot; a slot that never called attempt() counts returned."""
     with open(path, "rb") as f:
         data = f.read()
-    return [_SLOT.unpack_from(data, i * _SLOT.size)[0] for i in range(len(data) // _SLOT.size)]
+    values = [_SLOT.unpack_from(data, i * _SLOT.size)[0] for i in range(2 * SLOTS)]
+    returned = values[:SLOTS]
+    return returned, [max(r, a) for r, a in zip(returned, values[SLOTS:], strict=True)]
 
 
 def _sent_map() -> mmap.mmap | None:
@@ -47,16 +50,26 @@ def _sent_map() -> mmap.mmap | None:
         _map, _map_pid = None, os.getpid()
         if path:
             with open(path, "r+b") as f:
-                _map = mmap.mmap(f.fileno(), _SLOT.size * SLOTS)
+                _map = mmap.mmap(f.fileno(), _SLOT.size * SLOTS * 2)
     return _map
+
+
+def _add(offset: int, n: int) -> None:
+    m = _sent_map()
+    if m is not None:
+        _SLOT.pack_into(m, offset, _SLOT.unpack_from(m, offset)[0] + n)
 
 
 def count(slot: int, n: int = 1) -> None:
     """Record that ``n`` more log() calls of ``slot`` returned (one writer per slot)."""
-    m = _sent_map()
-    if m is not None:
-        offset = slot * _SLOT.size
-        _SLOT.pack_into(m, offset, _SLOT.unpack_from(m, offset)[0] + n)
+    _add(slot * _SLOT.size, n)
+
+
+def attempt(slot: int, n: int = 1) -> None:
+    """Record that ``n`` log() calls of ``slot`` are about to be made. A process signalled
+    between a log() and its count() has one record more in the run than it counted; with
+    this, the harness knows that record was in flight rather than invented."""
+    _add((SLOTS + slot) * _SLOT.size, n)
 
 
 def event(name: str, **fields: Any) -> None:

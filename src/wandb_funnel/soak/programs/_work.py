@@ -23,6 +23,7 @@ def train(slot: int, steps: int, pause: float, raise_at: int = -1) -> int:
         if step == raise_at:
             probe.event("train_end")
             raise RuntimeError(f"worker {slot} failed at step {step}")
+        probe.attempt(slot)
         wf.log({f"r{slot}": step, "loss": 1.0 / (step + 1), "lr": 0.1}, step=step)
         probe.count(slot)
         if pause:
@@ -40,6 +41,7 @@ def flat_out(slot: int, seconds: float) -> int:
     end = time.monotonic() + seconds
     step = 0
     while time.monotonic() < end:
+        probe.attempt(slot, 100)
         for _ in range(100):
             wf.log({f"r{slot}": step, "loss": 0.5, "lr": 0.1}, step=step)
             step += 1

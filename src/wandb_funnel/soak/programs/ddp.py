@@ -55,6 +55,7 @@ def main() -> None:
     rng.seed(f"{os.environ.get(probe.SEED_ENV)}-{rank}")
     for step in range(steps):
         loss = torch.tensor(1.0 / (step + 1))
+        probe.attempt(rank)
         run.log({f"r{rank}": step, "loss": loss}, step=step)
         probe.count(rank)
         if step == 10 and rank == 0:
