@@ -42,6 +42,12 @@ from ._records import (
 MAX_STEP: Final = 2**63 - 1
 # The most records one batch frame may declare; a frame claiming more is junk.
 MAX_BATCH_RECORDS: Final = 1 << 20
+# The deepest nesting of dicts and lists log() accepts. Without a limit, log() accepted data
+# nested ~990 deep that the logger's decoder then refused (msgpack's unpacker counts Python
+# recursion, and the receiver thread starts deeper in the stack than the caller), so the whole
+# batch, every record in it, was lost as a junk frame; and data that contained itself raised
+# RecursionError out of log(). Far deeper than any metrics dict, and far below both limits.
+MAX_NESTING: Final = 256
 
 
 class DecodeError(ValueError):
@@ -82,19 +88,30 @@ def _binary_error(path: str, value: Any) -> TypeError:
     )
 
 
-def _check_list(items: Any, path: str) -> None:
+def _nesting_error(path: str) -> ValueError:
+    return ValueError(
+        f"wandb_funnel: value for key {path!r} is nested more than {MAX_NESTING} levels deep "
+        f"(or contains itself)"
+    )
+
+
+def _check_list(items: Any, path: str, depth: int) -> None:
+    if depth > MAX_NESTING:
+        raise _nesting_error(path)
     for item in items:
         if isinstance(item, _BINARY):
             raise _binary_error(path, item)
         if isinstance(item, Mapping):
-            _check_keys(item, path)
+            _check_keys(item, path, depth + 1)
         elif isinstance(item, (list, tuple)):
-            _check_list(item, path)
+            _check_list(item, path, depth + 1)
 
 
-def _check_keys(data: Mapping[Any, Any], path: str) -> None:
+def _check_keys(data: Mapping[Any, Any], path: str, depth: int = 0) -> None:
     """Keys must be str all the way down; raw bytes are refused (msgpack would carry them,
     but wandb cannot store them, so the row would be lost later, far from the call)."""
+    if depth > MAX_NESTING:
+        raise _nesting_error(path)
     for key, value in data.items():
         if type(key) is not str:
             where = f" in {path!r}" if path else ""
@@ -106,9 +123,9 @@ def _check_keys(data: Mapping[Any, Any], path: str) -> None:
             continue  # the common case, checked first
         full = f"{path}.{key}" if path else key
         if isinstance(value, Mapping):
-            _check_keys(value, full)
+            _check_keys(value, full, depth + 1)
         elif isinstance(value, (list, tuple)):
-            _check_list(value, full)
+            _check_list(value, full, depth + 1)
         elif isinstance(value, _BINARY):
             raise _binary_error(full, value)
 
@@ -156,7 +173,15 @@ def check_data(data: Any, what: str = "log data") -> dict[str, Any]:
     """Validate a user dict at the call site and return it as a plain dict."""
     if not isinstance(data, Mapping):
         raise TypeError(f"wandb_funnel: {what} must be a dict, got {type(data).__name__}")
-    _check_keys(data, "")
+    try:
+        _check_keys(data, "")
+    except RecursionError:
+        # A dict or list that contains itself, or nesting deeper than the interpreter's
+        # recursion limit: RecursionError escaped log() before (a RuntimeError, not the
+        # documented TypeError/ValueError).
+        raise ValueError(
+            f"wandb_funnel: {what} is nested too deeply (or contains itself)"
+        ) from None
     return data if type(data) is dict else dict(data)
 
 
@@ -172,6 +197,11 @@ def check_step(step: Any) -> int:
 
 def encode_record(step: int, committed: bool, data: dict[str, Any], max_record_bytes: int) -> bytes:
     """Pack one ``log()`` record; raises TypeError/ValueError naming the key at fault."""
+    # The step range is checked here too, not only in check_step: an implicit step (step=None
+    # after log(step=2**63-1, commit=True)) reaches 2**63, which msgpack packs as a uint64 but
+    # the logger's decoder refuses, so the whole batch (every record in it) was lost as junk.
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"wandb_funnel: step must be between 0 and 2**63-1, got {step!r}")
     packed = _pack_checked((step, committed, data), data, "log data")
     if len(packed) > max_record_bytes:
         raise ValueError(
@@ -249,14 +279,20 @@ def _want(cond: bool, msg: str) -> None:
 
 
 def _decode_record(obj: Any) -> Record:
-    _want(
-        type(obj) is list and len(obj) == 3, f"record is not [step, committed, data]: {obj!r:.80}"
-    )
+    # On the receive path for every record: the checks are plain ifs, and an error message
+    # (with its repr of the record) is built only when a check fails.
+    if type(obj) is not list or len(obj) != 3:
+        raise DecodeError(f"record is not [step, committed, data]: {obj!r:.80}")
     step, committed, data = obj
-    _want(_is_int(step) and 0 <= step <= MAX_STEP, f"record step is not a valid step: {step!r:.40}")
-    _want(type(committed) is bool, "record commit flag is not a bool")
-    _want(type(data) is dict, "record data is not a map")
-    _want(all(type(k) is str for k in data), "record data has a non-str key")
+    if not (_is_int(step) and 0 <= step <= MAX_STEP):
+        raise DecodeError(f"record step is not a valid step: {step!r:.40}")
+    if type(committed) is not bool:
+        raise DecodeError("record commit flag is not a bool")
+    if type(data) is not dict:
+        raise DecodeError("record data is not a map")
+    for key in data:
+        if type(key) is not str:
+            raise DecodeError("record data has a non-str key")
     return Record(step, committed, data)
 
 
@@ -272,7 +308,10 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
         header = unpacker.unpack()
         _want(type(header) is list and len(header) >= 2, "header is not [version, kind, ...]")
         version, kind = header[0], header[1]
-        _want(version == PROTOCOL_VERSION, f"protocol version {version!r:.20} is not supported")
+        _want(
+            _is_int(version) and version == PROTOCOL_VERSION,  # not True, not 1.0
+            f"protocol version {version!r:.20} is not supported",
+        )
         body = header[2:]
         if kind == RECORDS:
             _want(len(body) == 2, "records header needs first_seq and count")

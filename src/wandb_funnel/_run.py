@@ -165,16 +165,15 @@ class Run:
         if step is None:
             at = current
             committed = commit is not False
-            if committed:
-                self._step = current + 1
+            after = current + 1 if committed else current
         else:
             at = _codec.check_step(step)
             committed = commit is True  # an explicit step stays open until a later step
-            if at > current:
-                self._step = at
-            if committed and at + 1 > self._step:
-                self._step = at + 1
-        stream.push(_codec.encode_record(at, committed, data, self._info.max_record_bytes))
+            after = max(current, at + 1 if committed else at)
+        # Encode first: a record refused here must not move this rank's step.
+        frame = _codec.encode_record(at, committed, data, self._info.max_record_bytes)
+        self._step = after
+        stream.push(frame)
 
     def _send_update(self, kind: int, data: dict[str, Any]) -> None:
         if self._finished:

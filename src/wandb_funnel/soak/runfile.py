@@ -58,7 +58,7 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
         check=True,
     ).stdout
     run = WandbRun(pathlib.Path(path))
-    for line in out.splitlines():
+    for line in out.split("\n"):  # not splitlines(): JSON leaves U+0085 and U+2028 raw
         if not line.strip():
             continue
         rec = json.loads(line)
