@@ -52,6 +52,7 @@ class Iteration:
     lost: int = 0  # negative: records in flight when a signal hit (see probe.attempt)
     lost_reason: str | None = None
     fault_done: bool = False
+    closing_before_fault: bool = False  # see Scenario.run_exit_if_closing
     leftover_processes: list[str] = field(default_factory=list)
     leftover_sockets: list[str] = field(default_factory=list)
     wandb_sockets: list[str] = field(default_factory=list)  # wandb-core's, see _check_sockets
@@ -310,6 +311,10 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
     _killpg(proc.pid)
     job.signal_all(signal.SIGKILL)
     it.fault_done = fault.done_at is not None
+    it.closing_before_fault = fault.done_at is not None and any(
+        ev["event"] == "run_closing" and ev["t"] < fault.done_at
+        for ev in probe.read_events(events)
+    )
     ends = [ev["t"] for ev in probe.read_events(events) if ev["event"] == "train_end"]
     t0 = fault.done_at if (fault.done_at and scenario.fault and scenario.fault.ends_training) \
         else (max(ends) if ends else None)
@@ -370,6 +375,9 @@ def _account(scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: s
     if scenario.run_exit is not None and not it.hang and _expect_fault_effects(scenario, it):
         if len(runs) != scenario.runs:
             it.problems.append(f"{len(runs)} runs written, expected {scenario.runs}")
-        wrong = [c for c in it.run_exits if c != scenario.run_exit]
+        accepted = {scenario.run_exit}
+        if scenario.run_exit_if_closing is not None and it.closing_before_fault:
+            accepted.add(scenario.run_exit_if_closing)
+        wrong = [c for c in it.run_exits if c not in accepted]
         if wrong:
             it.problems.append(f"run exit records {it.run_exits}, expected {scenario.run_exit}")

@@ -26,6 +26,8 @@ def train(slot: int, steps: int, pause: float, raise_at: int = -1) -> int:
         probe.attempt(slot)
         wf.log({f"r{slot}": step, "loss": 1.0 / (step + 1), "lr": 0.1}, step=step)
         probe.count(slot)
+        if step == 10 and slot == 1:
+            probe.event("ready")  # training is under way: the harness may strike now
         if pause:
             time.sleep(rng.uniform(0, 2 * pause))
     return steps

@@ -71,7 +71,9 @@ def main() -> None:
         )
         for _ in loader:
             pass
-    probe.event("train_end")
+    probe.event("train_end", rank=rank)
+    if rank == 0:
+        probe.event("run_closing")  # a SIGTERM from here on finds the run closing with 0
     run.finish()
     dist.barrier()
     dist.destroy_process_group()

@@ -24,8 +24,7 @@ def main() -> None:
             ctx.Process(target=train, args=(slot, steps, 0.003)) for slot in range(1, 1 + workers)
         ]
         for p in procs:
-            p.start()
-        probe.event("ready")
+            p.start()  # worker 1 says "ready" once it has logged a few steps
         for p in procs:
             p.join()
         probe.event("train_end")
