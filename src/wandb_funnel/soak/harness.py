@@ -143,8 +143,10 @@ def _environment(mark: str, wandb_dir: pathlib.Path, tmp: str, events: str, sent
 class _Fault:
     """Injects a scenario's fault once the program said ready, after a random delay."""
 
-    def __init__(self, scenario: Scenario, job: _Job, rng: random.Random) -> None:
+    def __init__(self, scenario: Scenario, job: _Job, rng: random.Random,
+                 owner: subprocess.Popen[bytes]) -> None:
         self.spec = scenario.fault
+        self.owner = owner
         self.job, self.rng = job, rng
         self.due: float | None = None
         self.done_at: float | None = None
@@ -167,12 +169,14 @@ class _Fault:
     def _inject(self, now: float) -> bool:
         assert self.spec is not None
         action, owner = self.spec.action, self.job.owner_pid
+        if self.owner.poll() is not None:
+            return False  # reaped: its pid (and process group id) may belong to anyone now
         grace = self.rng.uniform(*self.spec.grace)
         if action == "sigint-group":
             os.killpg(owner, signal.SIGINT)
         elif action == "preempt":
             os.killpg(owner, signal.SIGTERM)
-            self.later.append((now + grace, lambda: _killpg(owner)))
+            self.later.append((now + grace, self._kill_group))
         elif action == "scancel":
             self.job.signal_all(signal.SIGTERM)
             self.later.append((now + grace, lambda: self.job.signal_all(signal.SIGKILL)))
@@ -196,6 +200,10 @@ class _Fault:
             raise ValueError(f"unknown fault action {action!r}")
         return True
 
+    def _kill_group(self) -> None:
+        if self.owner.poll() is None:  # not reaped, so the group id is still the job's
+            _killpg(self.owner.pid)
+
     def _kill_one(self, role: str) -> bool:
         candidates = self.job.by_role(role)
         if role == "worker":
@@ -215,6 +223,22 @@ class _Fault:
             except psutil.Error:
                 pass
         self.stopped = []
+
+
+def _dump_stacks(job: _Job, path: pathlib.Path) -> None:
+    """Where a hung job is stuck: every process's Python stacks, when py-spy is installed."""
+    spy = shutil.which("py-spy") or str(pathlib.Path(sys.executable).with_name("py-spy"))
+    if not os.path.exists(spy):
+        return
+    with open(path, "w") as out:
+        for proc in job.processes():
+            out.write(f"==== {_describe(proc)}\n")
+            out.flush()
+            try:
+                subprocess.run([spy, "dump", "--pid", str(proc.pid)], stdout=out,
+                               stderr=subprocess.STDOUT, timeout=20, check=False)
+            except subprocess.TimeoutExpired:
+                out.write("(py-spy timed out)\n")
 
 
 def _killpg(pgid: int) -> None:
@@ -265,7 +289,7 @@ def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: s
 def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes], mark: str,
                events: str, rng: random.Random, plain: bool) -> None:
     job = _Job(mark, proc.pid)
-    fault = _Fault(scenario, job, rng)
+    fault = _Fault(scenario, job, rng, proc)
     t_start = time.monotonic()
     deadline = t_start + scenario.deadline
     owner_gone: float | None = None
@@ -299,6 +323,7 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
         if owner_gone is None and now > deadline:
             it.hang = True
             it.problems.append(f"hang: still running after its {scenario.deadline:.0f}s deadline")
+            _dump_stacks(job, pathlib.Path(it.directory) / "hang-stacks.txt")
             break
         if owner_gone is not None and now > min(deadline, owner_gone + LINGER_LIMIT):
             break
@@ -308,11 +333,12 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
     it.leftover_processes = [_describe(p) for p in left]
     if left and not it.hang:
         it.problems.append(f"left behind: {it.leftover_processes}")
-    _killpg(proc.pid)
+    if proc.poll() is None:  # never killpg a reaped owner's pid: it may be reused
+        _killpg(proc.pid)
     job.signal_all(signal.SIGKILL)
     it.fault_done = fault.done_at is not None
     it.closing_before_fault = fault.done_at is not None and any(
-        ev["event"] == "run_closing" and ev["t"] < fault.done_at
+        ev["event"] == "run_closing" and ev["t"] < fault.done_at + scenario.closing_window
         for ev in probe.read_events(events)
     )
     ends = [ev["t"] for ev in probe.read_events(events) if ev["event"] == "train_end"]
