@@ -19,6 +19,12 @@ import pytest
 
 MARK_VAR = "WANDB_FUNNEL_TEST_MARK"
 
+# A shell that starts the suite in the background (`nohup ... &`) leaves SIGINT ignored, and
+# an ignored signal survives exec: every scenario would then shrug off its Ctrl-C. A handler
+# of ours is reset to the default at exec instead, as in an interactive run.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def _marked(mark: str) -> list[psutil.Process]:
     found = []
