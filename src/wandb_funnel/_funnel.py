@@ -391,7 +391,9 @@ class Funnel:
 
     def _close_on_exit(self, exit_code: int, reason: str) -> None:
         self.close(exit_code)
-        if self._owns_service:
+        # Never in a forked copy of the owner: its inherited wandb state would tear down the
+        # owner's wandb-core, and with it the logger's run.
+        if self._owns_service and os.getpid() == self.owner_pid:
             from .sinks.wandb import teardown_service
 
             teardown_service(_TEARDOWN_TIMEOUT)
