@@ -11,19 +11,19 @@ import pytest
 from wandb_funnel.soak.harness import run_iteration
 from wandb_funnel.soak.scenarios import SCENARIOS, Scenario
 
-pytestmark = [pytest.mark.soak, pytest.mark.processes]
-
 ITERATIONS = int(os.environ.get("WANDB_FUNNEL_SOAK_ITERATIONS", "2"))
+# Hangs fail inside the harness (a deadline per iteration, then it reports and kills); the
+# test's own timeout must outlast those deadlines (a timeout marker added inside the test
+# body would be read too late to count).
+_LIMIT = 3 * ITERATIONS * (max(s.deadline for s in SCENARIOS) + 40)
+pytestmark = [pytest.mark.soak, pytest.mark.processes, pytest.mark.timeout(_LIMIT)]
 SEED = os.environ.get("WANDB_FUNNEL_SOAK_SEED", "ci")
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-def test_scenario(scenario: Scenario, tmp_path: pathlib.Path,
-                  request: pytest.FixtureRequest) -> None:
+def test_scenario(scenario: Scenario, tmp_path: pathlib.Path) -> None:
     for module in scenario.needs:
         pytest.importorskip(module)
-    # Hangs fail inside the harness (a deadline per iteration); this only backs it up.
-    request.node.add_marker(pytest.mark.timeout(3 * ITERATIONS * (scenario.deadline + 40)))
     failures, tested, tries, sent = [], 0, 0, 0
     # An iteration whose program ended before its fault was due tested nothing about the
     # fault: it still has to pass every other check, and another iteration is run instead.
