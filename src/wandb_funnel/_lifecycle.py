@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
+from . import _signal_watch
 from ._config import EXIT_EXCEPTION, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 
 ShutdownCallback = Callable[[int, str], None]  # (exit_code, reason)
@@ -33,6 +34,14 @@ def _reset_in_child() -> None:
     global _exit_hook_pid
     _callbacks.clear()
     _exit_hook_pid = -1
+    # A forked child that never logs should meet SIGTERM as it would without this library
+    # (a Pool worker dies of it at once); attaching installs the hook again.
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            previous = _previous_sigterm
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    except ValueError:
+        pass  # forked from a thread CPython does not count as main
 
 
 os.register_at_fork(after_in_child=_reset_in_child)
@@ -155,12 +164,12 @@ def install_sigterm_hook() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     current = signal.getsignal(signal.SIGTERM)
-    if current is _on_sigterm:
-        return
     if current == signal.SIG_IGN:
         return  # the process chose to survive SIGTERM: nothing to do on it
-    _previous_sigterm = current
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    if current is not _on_sigterm:
+        _previous_sigterm = current
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    _signal_watch.arm()  # so the handler runs even when SIGTERM lands at a bad moment
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

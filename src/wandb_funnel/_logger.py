@@ -53,6 +53,20 @@ _FINISH_RESERVE = 2.0
 _WATCHDOG_GRACE = 1.0
 
 
+def run_exit_code(owner_code: int, rank_codes: list[int]) -> int:
+    """The run's exit code, from the owner's and the failed ranks' (in the order they ended).
+
+    A rank that raised fails the run even when the owner ended cleanly. When the owner was
+    only stopped by a signal, a rank's own failure is the cause and names it: torchrun sends
+    SIGTERM to every other rank once one rank fails, so the owner's 143 is the consequence.
+    """
+    signalled = (EXIT_SIGINT, EXIT_SIGTERM)
+    causes = [code for code in rank_codes if code not in signalled]
+    if owner_code in signalled and causes:
+        return causes[0]
+    return owner_code or next(iter(rank_codes), 0)
+
+
 class Logger:
     """One funnel's writer: routes the receiver's events to channels (one wandb run each)."""
 
@@ -267,8 +281,7 @@ class Logger:
                 f"rank {rank} (pid {pid}) had not finished when the run closed ({why}); "
                 f"records it sends from now on are lost"
             )
-        # A rank that raised fails the run even when the owner ended cleanly.
-        exit_code = owner_code or next(iter(self._failed.values()), 0)
+        exit_code = run_exit_code(owner_code, list(self._failed.values()))
         extra = {k: v for k, v in self.stats().items() if k not in _PER_CHANNEL}
         extra["funnel/exit_reason"] = why
         # Records the receiver dropped belong to the one run, unless there is a run per rank.

@@ -174,6 +174,46 @@ if __name__ == "__main__":
     assert [s for s, _ in run.column("c")] == list(range(100))
 
 
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_sigterm_that_misses_the_main_thread_still_runs_its_handler(
+    scripts: Scripts, method: str
+) -> None:
+    """CPython runs a Python handler only on the main thread, at its next bytecode or EINTR.
+    A SIGTERM taken by another thread while the main thread sleeps in sem_wait (a Pool worker
+    idle in SimpleQueue.get() when Pool.terminate() signals it) used to leave the handler
+    pending forever, and terminate() hung. Here the signal goes to a helper thread on
+    purpose: the worker must still flush its records and die of SIGTERM."""
+    res = scripts.run(PRELUDE + f"""
+import threading
+
+def child(ready, held):
+    for s in range(50):
+        wf.log({{"c": s}}, step=s)
+    ready.set()
+    threading.Thread(target=lambda: (time.sleep(0.5),
+                     signal.pthread_kill(threading.get_ident(), signal.SIGTERM))).start()
+    held.acquire()  # sem_wait on a lock the parent holds: only a signal can end this
+
+if __name__ == "__main__":
+    with wf.Funnel(project="t") as funnel:
+        ctx = mp.get_context("{method}")
+        ready, held = ctx.Event(), ctx.Lock()
+        held.acquire()
+        p = ctx.Process(target=child, args=(ready, held))
+        p.start()
+        ready.wait(60)
+        p.join(30)
+        report(exitcode=p.exitcode)
+        if p.exitcode is None:
+            p.kill(); p.join()
+""")
+    assert res.returncode == 0, res.stderr
+    assert reports(res.stdout)["exitcode"] == -signal.SIGTERM
+    run = only_run(scripts.wandb_dir)
+    assert [s for s, _ in run.column("c")] == list(range(50))
+    assert res.leftovers == []
+
+
 def test_close_waits_for_a_straggler(scripts: Scripts) -> None:
     """close() waits (bounded) for a rank still logging, so its last records are not cut."""
     res = scripts.run(

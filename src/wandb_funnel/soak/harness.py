@@ -234,11 +234,33 @@ def _dump_stacks(job: _Job, path: pathlib.Path) -> None:
         for proc in job.processes():
             out.write(f"==== {_describe(proc)}\n")
             out.flush()
+            out.write(_thread_signal_state(proc.pid))
+            out.flush()
             try:
                 subprocess.run([spy, "dump", "--pid", str(proc.pid)], stdout=out,
                                stderr=subprocess.STDOUT, timeout=20, check=False)
             except subprocess.TimeoutExpired:
                 out.write("(py-spy timed out)\n")
+
+
+def _thread_signal_state(pid: int) -> str:
+    """Each thread's pending, blocked and caught signal masks (Linux): a signal that is
+    pending but never handled shows which thread the kernel gave it to."""
+    lines = []
+    keys = (b"Name", b"State", b"SigPnd", b"ShdPnd", b"SigBlk", b"SigIgn", b"SigCgt")
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return ""
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
+                fields = [ln.decode(errors="replace").strip() for ln in f
+                          if ln.split(b":")[0] in keys]
+        except OSError:
+            continue
+        lines.append(f"  thread {tid}: " + "  ".join(fields))
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def _killpg(pgid: int) -> None:
