@@ -8,6 +8,7 @@ import threading
 import warnings
 from typing import Any
 
+from . import _pid
 from ._config import (
     DEFAULT_START_TIMEOUT,
     ENV_RANK_PID,
@@ -49,7 +50,7 @@ os.register_at_fork(after_in_child=_reset_in_child)
 def current_run() -> Run | None:
     """This process's current, unfinished Run (never one inherited through fork)."""
     run = _current
-    if run is None or _current_pid != os.getpid() or run.finished:
+    if run is None or _current_pid != _pid.current or run.finished:
         return None
     return run
 

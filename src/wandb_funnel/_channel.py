@@ -25,6 +25,7 @@ class Channel:
         self._builder = builder
         self.name = name
         self.records = 0  # records written into the run
+        self.rows = 0  # wandb.log calls made: one per step, however many ranks logged it
         self.dropped = 0  # records that reached the logger but not the run
         self.finished = False
         # A channel whose run could not be opened is broken from the start.
@@ -42,6 +43,7 @@ class Channel:
             try:
                 self.sink.log(self._builder.build(row))
                 self.records += row.records
+                self.rows += 1
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
                 if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
                     self._broken = repr(exc)
@@ -81,6 +83,7 @@ class Channel:
         summary = {
             **extra,
             "funnel/records": self.records,
+            "funnel/rows": self.rows,
             "funnel/late_records": self.order.late_records,
             "funnel/dropped_records": self.dropped + dropped_elsewhere,
         }

@@ -169,8 +169,19 @@ def _pack_checked(obj: Any, data: Mapping[str, Any], what: str) -> bytes:
         ) from exc
 
 
+_FLAT = frozenset({int, float, str, bool, type(None)})
+
+
 def check_data(data: Any, what: str = "log data") -> dict[str, Any]:
     """Validate a user dict at the call site and return it as a plain dict."""
+    if type(data) is dict:
+        # The hot path: a flat dict of str keys and plain scalars needs no walk (one log()
+        # of 3 scalars spent most of its 6 us here).
+        for key, value in data.items():
+            if type(key) is not str or type(value) not in _FLAT:
+                break
+        else:
+            return data
     if not isinstance(data, Mapping):
         raise TypeError(f"wandb_funnel: {what} must be a dict, got {type(data).__name__}")
     try:
@@ -187,6 +198,8 @@ def check_data(data: Any, what: str = "log data") -> dict[str, Any]:
 
 def check_step(step: Any) -> int:
     """Validate an explicit ``step=`` argument: a non-negative int that fits in 63 bits."""
+    if type(step) is int and 0 <= step <= MAX_STEP:
+        return step  # the hot path
     if isinstance(step, bool) or not hasattr(step, "__index__"):
         raise TypeError(f"wandb_funnel: step must be an int, got {type(step).__name__} {step!r}")
     value = step.__index__()

@@ -16,6 +16,7 @@ ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when t
 # Set by a process that took its rank from RANK; a child that inherits RANK but has another
 # pid (a DataLoader worker, a Pool) then gets a fresh rank instead of colliding with its parent.
 ENV_RANK_PID: Final = "WANDB_FUNNEL_RANK_PID"
+ENV_SINK: Final = "WANDB_FUNNEL_SINK"  # "null": the logger writes nothing (benchmarks)
 
 EXPORTED_ENV: Final = (
     ENV_ADDRESS,

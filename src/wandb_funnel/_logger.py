@@ -25,6 +25,7 @@ from . import _codec
 from ._channel import Channel
 from ._config import (
     BATCH_BYTES,
+    ENV_SINK,
     EXIT_OWNER_LOST,
     EXIT_RANK_DIED,
     EXIT_SIGINT,
@@ -261,6 +262,7 @@ class Logger:
         channels = list(self._channels.values())
         return {
             "funnel/records": sum(c.records for c in channels),
+            "funnel/rows": sum(c.rows for c in channels),
             "funnel/late_records": sum(c.order.late_records for c in channels),
             "funnel/dropped_records": sum(c.dropped for c in channels) + rx.dropped,
             "funnel/ranks": rx.ranks,
@@ -303,7 +305,7 @@ class Logger:
 
 
 # Counted per run by each channel itself; everything else is the funnel's.
-_PER_CHANNEL = ("funnel/records", "funnel/late_records", "funnel/dropped_records")
+_PER_CHANNEL = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
 
 
 def _write_ready(fd: int, payload: dict[str, Any]) -> None:
@@ -322,10 +324,15 @@ def main() -> int:
     max_frame = int(cfg["max_record_bytes"]) + BATCH_BYTES + 4096
     sock: LoggerSocket | None = None
     try:
-        from .sinks.wandb import WandbSink
-
         def open_sink(overrides: dict[str, Any]) -> Sink:
-            return WandbSink({**cfg["init_kwargs"], **overrides}, cfg["step_key"])
+            kwargs = {**cfg["init_kwargs"], **overrides}
+            if os.environ.get(ENV_SINK) == "null":  # the funnel alone, no wandb
+                from .sinks.null import NullSink
+
+                return NullSink(kwargs["id"])
+            from .sinks.wandb import WandbSink
+
+            return WandbSink(kwargs, cfg["step_key"])
 
         sock = LoggerSocket(
             cfg["address"], _PEER_RCV_HWM, max_frame, cfg.get("tcp_host"), cfg.get("curve")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _codec
+from . import _codec, _pid
 from ._config import (
     DEFAULT_MAX_RECORD_BYTES,
     ENV_ADDRESS,
@@ -186,9 +186,11 @@ class Run:
         return self._live_stream().wait_welcome(timeout)
 
     def _live_stream(self) -> Stream:
+        stream = self._stream
+        if stream is not None and stream.pid == _pid.current:
+            return stream  # the hot path
         from ._client import Stream
 
-        stream = self._stream
         if stream is None or stream.pid != os.getpid():
             # First use here, or an object that came through fork: a stream of our own, a rank
             # of our own, steps from 0. Never the parent's socket.

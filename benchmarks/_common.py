@@ -1,0 +1,111 @@
+"""What every benchmark shares: a private offline environment, CPU sampling, and running a
+measurement in a fresh interpreter that prints one JSON line.
+
+Figures are only ever compared as ratios taken in the same run: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+HERE = pathlib.Path(__file__).resolve().parent
+RESULT_PREFIX = "BENCH "
+
+
+def scratch_env(directory: pathlib.Path, **extra: str) -> dict[str, str]:
+    """The environment of a benchmark child: offline wandb in a private directory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_DIR=str(directory),
+        TMPDIR=str(directory),
+        PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    )
+    env.update(extra)
+    return env
+
+
+def run_child(script: str, args: list[str], directory: pathlib.Path, timeout: float = 600,
+              **extra_env: str) -> dict[str, Any]:
+    """Run ``benchmarks/<script>`` in a fresh interpreter; returns the dict it reported."""
+    directory.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / script), *args],
+        cwd=directory,
+        env=scratch_env(directory, **extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])  # type: ignore[no-any-return]
+    raise RuntimeError(
+        f"{script} {' '.join(args)} reported nothing (exit {proc.returncode})\n"
+        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
+
+
+def report(**figures: Any) -> None:
+    """A child's result: one line on stdout."""
+    print(RESULT_PREFIX + json.dumps(figures), flush=True)
+
+
+def cpu_per_call(call: Callable[[int], None], calls: int, block: int,
+                 warmup: int = 2000) -> dict[str, float]:
+    """Process CPU (every thread: a feeder or flusher thread counts) per call, sampled in
+    blocks of ``block`` calls; median and p99 over blocks, in microseconds. Wall time per
+    call is reported beside it."""
+    for i in range(warmup):
+        call(i)
+    samples, walls = [], []
+    i = warmup
+    cpu0, wall0 = time.process_time_ns(), time.perf_counter_ns()
+    for _ in range(calls // block):
+        c, w = time.process_time_ns(), time.perf_counter_ns()
+        for _ in range(block):
+            call(i)
+            i += 1
+        samples.append((time.process_time_ns() - c) / block / 1000)
+        walls.append((time.perf_counter_ns() - w) / block / 1000)
+    total_cpu = (time.process_time_ns() - cpu0) / 1000
+    total_wall = (time.perf_counter_ns() - wall0) / 1000
+    n = (calls // block) * block
+    return {
+        "cpu_median_us": statistics.median(samples),
+        "cpu_p99_us": percentile(samples, 99),
+        "cpu_mean_us": total_cpu / n,
+        "wall_median_us": statistics.median(walls),
+        "wall_mean_us": total_wall / n,
+        "calls": n,
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def record(fields: int, step: int) -> dict[str, float]:
+    """The logged record: 3 scalars (loss, accuracy, learning rate) or ``fields`` of them."""
+    if fields == 3:
+        return {"loss": 1.0 / (step + 1), "acc": step * 1e-6, "lr": 3e-4}
+    return {f"metric_{k}": step * 1e-3 + k for k in range(fields)}
+
+
+def rss_mb(pid: int | None = None) -> float:
+    import psutil
+
+    return float(psutil.Process(pid).memory_info().rss) / 2**20
