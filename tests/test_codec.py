@@ -37,7 +37,7 @@ def test_record_batch_round_trip() -> None:
     records = [(0, True, {"a": 1}), (5, False, {"b": {"c": [1.5, None, "x"]}}), (5, True, {})]
     batch = _batch(records, first_seq=7)
     assert batch.first_seq == 7
-    assert [(r.step, r.committed, r.data) for r in batch.records] == records
+    assert [tuple(r) for r in batch.records] == records
 
 
 def test_control_messages_round_trip() -> None:
@@ -71,7 +71,7 @@ def test_numpy_scalars_and_special_floats_pass() -> None:
             )
         ]
     )
-    data = batch.records[0].data
+    data = batch.records[0][2]
     assert data["f"] == 0.5 and data["i"] == 3 and data["z"] == 2.0 and data["b"] is True
     assert math.isnan(data["nan"]) and data["inf"] == -math.inf
 
@@ -80,7 +80,7 @@ def test_torch_zero_d_tensor_passes() -> None:
     """A 0-d torch tensor is logged as its value (when torch is installed)."""
     torch = pytest.importorskip("torch")
     batch = _batch([(0, True, {"loss": torch.tensor(1.25)})])
-    assert batch.records[0].data["loss"] == 1.25
+    assert batch.records[0][2]["loss"] == 1.25
 
 
 @pytest.mark.parametrize(
@@ -123,7 +123,7 @@ def test_packer_recovers_after_a_failure() -> None:
     with pytest.raises(TypeError):
         _codec.encode_record(0, True, {"a": 1, "b": object()}, MAX)
     batch = _batch([(1, True, {"ok": 1})])
-    assert batch.records[0].data == {"ok": 1}
+    assert batch.records[0][2] == {"ok": 1}
 
 
 @pytest.mark.parametrize(
@@ -191,7 +191,7 @@ json_values = st.recursive(
 def test_any_valid_records_round_trip(records: list[tuple[int, bool, dict]]) -> None:
     """Every valid record decodes to equal data (NaN compared by repr)."""
     batch = _batch(records)
-    assert repr([(r.step, r.committed, r.data) for r in batch.records]) == repr(records)
+    assert repr([tuple(r) for r in batch.records]) == repr(records)
 
 
 @pytest.mark.parametrize("value", [b"raw", bytearray(b"x"), [1, b"in-list"], {"deep": b"x"}])

@@ -192,8 +192,7 @@ class Logger:
                 # 500k queued records takes seconds, which the summary and finish need.
                 channel.dropped += len(event.records)
             else:
-                for rec in event.records:
-                    channel.order.add(event.rank, rec.step, rec.committed, rec.data, now)
+                channel.order.add_batch(event.rank, event.records, now)
             self._receiver.taken(len(event.records))
         elif isinstance(event, Attached):
             self._active.add(event.rank)

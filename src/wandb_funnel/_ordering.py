@@ -34,9 +34,10 @@ class Row:
     late: bool = False
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
+        """Merge ``data`` (which the row now owns: the logger decoded it for us alone)."""
         part = self.parts.get(rank)
         if part is None:
-            self.parts[rank] = dict(data)
+            self.parts[rank] = data
         else:
             part.update(data)  # the same rank at the same step: later keys win, as in wandb
         self.records += 1
@@ -87,6 +88,32 @@ class Reorderer:
             heapq.heappush(self._heap, step)
             self._arrivals.append((now, step))
         row.add(rank, data)
+
+    def add_batch(self, rank: int, records: list[list[Any]], now: float) -> None:
+        """Take ``[step, committed, data]`` records of ``rank``, in the order it logged them
+        (``add`` for each, with the common case inlined: the logger's hot loop)."""
+        rows = self._rows
+        floor = self._floors.get(rank, -1)
+        tracked = rank not in self._done
+        for step, committed, data in records:
+            if step <= self._last_released:
+                self.add(rank, step, committed, data, now)
+                floor = self._floors.get(rank, -1)
+                continue
+            new_floor = step + 1 if committed else step
+            if tracked and new_floor > floor:
+                floor = self._floors[rank] = new_floor
+            row = rows.get(step)
+            if row is None:
+                row = rows[step] = Row(step)
+                heapq.heappush(self._heap, step)
+                self._arrivals.append((now, step))
+            part = row.parts.get(rank)
+            if part is None:
+                row.parts[rank] = data
+            else:
+                part.update(data)
+            row.records += 1
 
     def rank_attached(self, rank: int) -> None:
         """``rank`` joined: until its first record it holds every row (within the window)."""

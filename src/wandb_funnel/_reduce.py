@@ -20,8 +20,13 @@ from ._ordering import Row
 Reducer = Callable[[list[Any]], Any]
 
 
-def _is_number(value: Any) -> bool:
-    return type(value) in (int, float)
+_NUMBER_TYPES = frozenset({int, float})
+
+
+def _numbers(values: list[Any]) -> bool:
+    """All plain ints and floats (bool is not a number here); checked without a Python call
+    per value, since every reduced key of every row comes through here."""
+    return _NUMBER_TYPES.issuperset(map(type, values))
 
 
 def _float_sum(values: list[Any]) -> float:
@@ -34,11 +39,11 @@ def _float_sum(values: list[Any]) -> float:
 
 
 def _mean(values: list[Any]) -> Any:
-    return _float_sum(values) / len(values) if all(map(_is_number, values)) else values[0]
+    return _float_sum(values) / len(values) if _numbers(values) else values[0]
 
 
 def _sum(values: list[Any]) -> Any:
-    if not all(map(_is_number, values)):
+    if not _numbers(values):
         return values[0]
     if all(type(v) is int for v in values):
         return sum(values)
@@ -46,11 +51,11 @@ def _sum(values: list[Any]) -> Any:
 
 
 def _min(values: list[Any]) -> Any:
-    return min(values) if all(map(_is_number, values)) else values[0]
+    return min(values) if _numbers(values) else values[0]
 
 
 def _max(values: list[Any]) -> Any:
-    return max(values) if all(map(_is_number, values)) else values[0]
+    return max(values) if _numbers(values) else values[0]
 
 
 def _first(values: list[Any]) -> Any:
@@ -127,6 +132,14 @@ def flatten(
     return out
 
 
+def _flat(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` itself when nothing in it is nested (the common case), else ``flatten(data)``."""
+    for value in data.values():
+        if type(value) is dict:
+            return flatten(data)
+    return data
+
+
 class RowBuilder:
     """Builds wandb rows for one run from released Rows."""
 
@@ -154,6 +167,31 @@ class RowBuilder:
 
     def build(self, row: Row) -> dict[str, Any]:
         """The dict to log for ``row``; its ``step_key`` is always the row's step."""
+        if self._mode == "shared":
+            return self._build_shared(row)
+        parts = row.parts
+        if len(parts) == 1:  # one rank at this step: nothing to reduce
+            (part,) = parts.values()
+            out = dict(_flat(part))
+        else:
+            by_key: dict[str, list[Any]] = {}
+            for rank in sorted(parts):
+                for key, value in _flat(parts[rank]).items():
+                    values = by_key.get(key)
+                    if values is None:
+                        by_key[key] = [value]
+                    else:
+                        values.append(value)
+            out = {}
+            for key, values in by_key.items():
+                if len(values) == 1:
+                    out[key] = values[0]
+                else:
+                    out[key] = _reduce(self._reducer_for(key) or "mean", values)
+        out[self._step_key] = row.step
+        return out
+
+    def _build_shared(self, row: Row) -> dict[str, Any]:
         by_key: dict[str, list[Any]] = {}
         ranks_by_key: dict[str, list[int]] = {}
         for rank in sorted(row.parts):
@@ -164,15 +202,10 @@ class RowBuilder:
         for key, values in by_key.items():
             if key == self._step_key:
                 continue
+            for rank, value in zip(ranks_by_key[key], values, strict=True):
+                out[f"{key}/rank{rank}"] = value
             asked = self._reducer_for(key)
-            if self._mode == "shared":
-                for rank, value in zip(ranks_by_key[key], values, strict=True):
-                    out[f"{key}/rank{rank}"] = value
-                if asked is not None:
-                    out[key] = _reduce(asked, values)
-            elif len(values) == 1:
-                out[key] = values[0]
-            else:
-                out[key] = _reduce(asked or "mean", values)
+            if asked is not None:
+                out[key] = _reduce(asked, values)
         out[self._step_key] = row.step
         return out
