@@ -61,10 +61,12 @@ def report(**figures: Any) -> None:
 
 
 def cpu_per_call(call: Callable[[int], None], calls: int, block: int,
-                 warmup: int = 2000) -> dict[str, float]:
+                 warmup: int = 2000, drain: Callable[[], None] | None = None) -> dict[str, float]:
     """Process CPU (every thread: a feeder or flusher thread counts) per call, sampled in
     blocks of ``block`` calls; median and p99 over blocks, in microseconds. Wall time per
-    call is reported beside it."""
+    call is reported beside it. ``drain`` finishes work the calls left to a background thread
+    (a Queue's feeder pickles after ``put`` returns): the mean includes it, the blocks may
+    not, so compare means where a thread does the work later."""
     for i in range(warmup):
         call(i)
     samples, walls = [], []
@@ -77,6 +79,8 @@ def cpu_per_call(call: Callable[[int], None], calls: int, block: int,
             i += 1
         samples.append((time.process_time_ns() - c) / block / 1000)
         walls.append((time.perf_counter_ns() - w) / block / 1000)
+    if drain is not None:
+        drain()
     total_cpu = (time.process_time_ns() - cpu0) / 1000
     total_wall = (time.perf_counter_ns() - wall0) / 1000
     n = (calls // block) * block

@@ -38,17 +38,27 @@ def _funnel_job(ranks: int, steps: int) -> None:
 
     with wf.Funnel(project="bench", reduce={"loss": "mean"}) as funnel:
         ctx = mp.get_context("spawn")
-        with ctx.Pool(ranks) as pool:
-            marks = pool.starmap(_funnel_rank, [(steps,)] * ranks)
+        barrier = ctx.Barrier(ranks)
+        with ctx.Pool(ranks, initializer=_keep, initargs=(barrier,)) as pool:
+            marks = pool.starmap(_funnel_rank, [(steps,)] * ranks, chunksize=1)
         print("FIRST", min(m[0] for m in marks), flush=True)
         print("TRAINED", max(m[1] for m in marks), flush=True)
     print("FINISHED", time.time(), json.dumps(funnel.stats), flush=True)
+
+
+_barrier: Any = None
+
+
+def _keep(barrier: Any) -> None:
+    global _barrier
+    _barrier = barrier
 
 
 def _funnel_rank(steps: int) -> tuple[float, float]:
     import wandb_funnel as wf
 
     run = wf.init()
+    _barrier.wait()  # ranks start training together, as DDP ranks do after init
     first = time.time()
     for step in range(steps):
         run.log(record(3, step), step=step)
@@ -59,8 +69,9 @@ def _per_rank_job(ranks: int, steps: int) -> None:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    with ctx.Pool(ranks) as pool:
-        marks = pool.starmap(_per_rank_run, [(r, steps) for r in range(ranks)])
+    barrier = ctx.Barrier(ranks)
+    with ctx.Pool(ranks, initializer=_keep, initargs=(barrier,)) as pool:
+        marks = pool.starmap(_per_rank_run, [(r, steps) for r in range(ranks)], chunksize=1)
     print("FIRST", min(m[0] for m in marks), flush=True)
     print("TRAINED", max(m[1] for m in marks), flush=True)
     print("FINISHED", max(m[2] for m in marks), json.dumps({"calls": ranks * steps}), flush=True)
@@ -70,6 +81,7 @@ def _per_rank_run(rank: int, steps: int) -> tuple[float, float, float]:
     import wandb
 
     run = wandb.init(project="bench", name=f"rank-{rank}", settings=wandb.Settings(console="off"))
+    _barrier.wait()
     first = time.time()
     for step in range(steps):
         run.log(record(3, step), step=step)

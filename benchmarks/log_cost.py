@@ -32,7 +32,8 @@ def _funnel_worker(fields: int, calls: int, out: Any) -> None:
 
     recs = _records(fields)
     run = wf.init()
-    figures = cpu_per_call(lambda i: run.log(recs[i % RING], step=i), calls, block=256)
+    figures = cpu_per_call(lambda i: run.log(recs[i % RING], step=i), calls, block=256,
+                           drain=run.flush)
     run.finish()
     out.put(figures)
 
@@ -82,10 +83,13 @@ def mp_queue(fields: int, calls: int) -> dict[str, Any]:
     consumer = ctx.Process(target=_drain, args=(queue,))
     consumer.start()
     recs = _records(fields)
-    figures = cpu_per_call(lambda i: queue.put((1, i, recs[i % RING])), calls, block=256)
-    queue.put(None)
-    queue.close()
-    queue.join_thread()  # the feeder thread has pickled and written everything
+    def drain() -> None:
+        queue.put(None)
+        queue.close()
+        queue.join_thread()  # the feeder thread has pickled and written everything
+
+    figures = cpu_per_call(lambda i: queue.put((1, i, recs[i % RING])), calls, block=256,
+                           drain=drain)
     consumer.join()
     return figures
 
