@@ -84,7 +84,17 @@ class Stream:
             self._buf.append(packed)
             self._buf_bytes += len(packed)
             if len(self._buf) >= BATCH_RECORDS or self._buf_bytes >= BATCH_BYTES:
-                self._send_batch(0.0)
+                if threading.current_thread() is not threading.main_thread():
+                    self._send_batch(0.0)
+                    return
+                # Our SIGTERM hook runs on the main thread, between any two bytecodes: in the
+                # middle of the send it would close the stream with this batch numbered but
+                # never sent (up to 64 records lost). It waits until the batch is out.
+                _lifecycle.sigterm_deferred_enter()
+                try:
+                    self._send_batch(0.0)
+                finally:
+                    _lifecycle.sigterm_deferred_exit()
 
     def _send_batch(self, timeout: float) -> None:
         # Caller holds the lock. The buffer is swapped out and numbered before any call: a

@@ -172,7 +172,32 @@ def install_sigterm_hook() -> None:
     _signal_watch.arm()  # so the handler runs even when SIGTERM lands at a bad moment
 
 
+# Touched by the main thread only (handlers run there too), so plain ints are safe.
+_defer_depth = 0  # > 0 while the main thread is inside a batch send
+_deferred_sigterm = False
+
+
+def sigterm_deferred_enter() -> None:
+    """Start a section our SIGTERM hook must not interrupt (cheap: the log() hot path).
+    Main thread only."""
+    global _defer_depth
+    _defer_depth += 1
+
+
+def sigterm_deferred_exit() -> None:
+    """End it; a SIGTERM that arrived meanwhile is delivered again, now."""
+    global _defer_depth, _deferred_sigterm
+    _defer_depth -= 1
+    if _defer_depth == 0 and _deferred_sigterm:
+        _deferred_sigterm = False
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    global _deferred_sigterm
+    if _defer_depth:
+        _deferred_sigterm = True  # the main thread is inside a batch send: after it
+        return
     previous = _previous_sigterm
     if callable(previous):
         # The user's handler decides whether the process ends; we only make sure nothing

@@ -214,6 +214,41 @@ if __name__ == "__main__":
     assert res.leftovers == []
 
 
+def test_sigterm_during_a_batch_send_loses_nothing(scripts: Scripts) -> None:
+    """SIGTERM whose handler would run in the middle of a batch send (here it is raised from
+    inside the send, at the worst moment): the batch still goes out before the shutdown, so
+    every record logged reaches the run and none is counted as dropped."""
+    res = scripts.run(PRELUDE + """
+from wandb_funnel import _codec
+
+def child():
+    encode = _codec.encode_batch
+    def encode_and_get_killed(first, records):
+        if len(records) == 64:  # the first full batch, sent from inside log()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return encode(first, records)
+    _codec.encode_batch = encode_and_get_killed
+    for s in range(200):
+        wf.log({"c": s}, step=s)
+    time.sleep(60)  # not reached: SIGTERM ends us once the batch is out
+
+if __name__ == "__main__":
+    with wf.Funnel(project="t") as funnel:
+        p = mp.get_context("spawn").Process(target=child)
+        p.start()
+        p.join(60)
+    report(exitcode=p.exitcode, stats=funnel.stats)
+""")
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["exitcode"] == -signal.SIGTERM
+    run = only_run(scripts.wandb_dir)
+    # The SIGTERM landed at the 64th log(): those 64 records were logged, then it died.
+    assert [s for s, _ in run.column("c")] == list(range(64))
+    assert run.summary["funnel/dropped_records"] == 0
+    assert res.leftovers == []
+
+
 def test_close_waits_for_a_straggler(scripts: Scripts) -> None:
     """close() waits (bounded) for a rank still logging, so its last records are not cut."""
     res = scripts.run(
