@@ -396,7 +396,7 @@ class Funnel:
         if self._owns_service and os.getpid() == self.owner_pid:
             from .sinks.wandb import teardown_service
 
-            teardown_service(_TEARDOWN_TIMEOUT)
+            teardown_service(_TEARDOWN_TIMEOUT, exit_code)
 
     def __enter__(self) -> Funnel:
         return self.start() if self._proc is None else self

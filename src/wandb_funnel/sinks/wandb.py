@@ -29,8 +29,10 @@ def setup_service() -> bool:
     return started
 
 
-def teardown_service(timeout: float) -> bool:
-    """Shut down the wandb-core this process started, waiting at most ``timeout`` seconds.
+def teardown_service(timeout: float, exit_code: int | None = None) -> bool:
+    """Shut down the wandb-core this process started, waiting at most ``timeout`` seconds;
+    runs of the user's own still open on it are finished with ``exit_code``, as wandb's own
+    exit hook would finish them with the process's code.
 
     wandb tears its service down in an atexit hook, which processes that leave through
     ``os._exit`` (multiprocessing children) never run: wandb-core then lingers until it
@@ -43,7 +45,7 @@ def teardown_service(timeout: float) -> bool:
 
     def teardown() -> None:
         try:
-            wandb.teardown()
+            wandb.teardown(exit_code)
         except BaseException:  # SystemExit included: wandb exits with core's code
             pass
         finally:
