@@ -13,6 +13,7 @@ from wandb_funnel._logger import run_exit_code
     [
         (0, [], 0),  # everyone finished
         (0, [1], 1),  # a rank raised while the owner ended cleanly
+        (0, [143, 1], 1),  # a rank was stopped because another raised: the raise is the cause
         (1, [], 1),  # the owner raised
         (143, [], 143),  # preemption: only the owner's code is known
         (143, [143, 143], 143),  # preemption reached every rank

@@ -84,22 +84,21 @@ class Stream:
             self._buf.append(packed)
             self._buf_bytes += len(packed)
             if len(self._buf) >= BATCH_RECORDS or self._buf_bytes >= BATCH_BYTES:
-                if threading.current_thread() is not threading.main_thread():
-                    self._send_batch(0.0)
-                    return
-                # Our SIGTERM hook runs on the main thread, between any two bytecodes: in the
-                # middle of the send it would close the stream with this batch numbered but
-                # never sent (up to 64 records lost). It waits until the batch is out.
-                _lifecycle.sigterm_deferred_enter()
-                try:
-                    self._send_batch(0.0)
-                finally:
-                    _lifecycle.sigterm_deferred_exit()
+                self._send_batch(0.0)
 
     def _send_batch(self, timeout: float) -> None:
+        try:
+            self._take_and_send(timeout)
+        finally:
+            # Our SIGTERM hook does not run inside _take_and_send (it would close the stream
+            # with this batch numbered but never sent: up to 64 records lost); it runs now.
+            if _lifecycle.sigterm_deferred:
+                _lifecycle.deliver_deferred_sigterm()
+
+    def _take_and_send(self, timeout: float) -> None:
         # Caller holds the lock. The buffer is swapped out and numbered before any call: a
-        # signal handler that interrupts us here (on this same thread) and flushes again then
-        # finds an empty buffer, so a batch is never sent twice or counted twice.
+        # handler that interrupts us here (on this same thread) and flushes again then finds
+        # an empty buffer, so a batch is never sent twice or counted twice.
         batch, self._buf = self._buf, []
         first = self._seq
         self._seq = first + len(batch)
@@ -261,6 +260,9 @@ class Stream:
     @property
     def produced(self) -> int:
         return self._seq + len(self._buf)
+
+
+_lifecycle.defer_sigterm_inside(Stream._take_and_send.__code__)
 
 
 def _warn(message: str) -> None:

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 from . import _signal_watch
@@ -27,13 +27,16 @@ ShutdownCallback = Callable[[int, str], None]  # (exit_code, reason)
 _callbacks: list[tuple[int, ShutdownCallback]] = []  # (priority, callback); low runs first
 _exit_hook_pid = -1
 _previous_sigterm: Any = None
+sigterm_runs = 0  # times our SIGTERM hook ran (the signal watcher stops nudging once it has)
 
 
 def _reset_in_child() -> None:
-    # Callbacks registered by the parent belong to the parent's streams and funnel.
-    global _exit_hook_pid
+    # Callbacks registered by the parent belong to the parent's streams and funnel, and so
+    # does a SIGTERM the parent had deferred.
+    global _exit_hook_pid, sigterm_deferred
     _callbacks.clear()
     _exit_hook_pid = -1
+    sigterm_deferred = False
     # A forked child that never logs should meet SIGTERM as it would without this library
     # (a Pool worker dies of it at once); attaching installs the hook again.
     try:
@@ -169,35 +172,44 @@ def install_sigterm_hook() -> None:
     if current is not _on_sigterm:
         _previous_sigterm = current
         signal.signal(signal.SIGTERM, _on_sigterm)
-    _signal_watch.arm()  # so the handler runs even when SIGTERM lands at a bad moment
+    _signal_watch.arm(lambda: sigterm_runs)  # the handler runs even if SIGTERM lands badly
 
 
-# Touched by the main thread only (handlers run there too), so plain ints are safe.
-_defer_depth = 0  # > 0 while the main thread is inside a batch send
-_deferred_sigterm = False
+# Code that our SIGTERM hook must not interrupt: found on the interrupted stack, so no counter
+# can be left stale by an exception (a Ctrl-C can be raised at the entry of any function).
+_deferring_codes: set[CodeType] = set()
+sigterm_deferred = False  # a SIGTERM is waiting for the main thread to leave such code
 
 
-def sigterm_deferred_enter() -> None:
-    """Start a section our SIGTERM hook must not interrupt (cheap: the log() hot path).
-    Main thread only."""
-    global _defer_depth
-    _defer_depth += 1
+def defer_sigterm_inside(code: CodeType) -> None:
+    """Our SIGTERM hook waits while the main thread runs ``code`` (which must then call
+    ``deliver_deferred_sigterm`` when ``sigterm_deferred`` is set, on its way out)."""
+    _deferring_codes.add(code)
 
 
-def sigterm_deferred_exit() -> None:
-    """End it; a SIGTERM that arrived meanwhile is delivered again, now."""
-    global _defer_depth, _deferred_sigterm
-    _defer_depth -= 1
-    if _defer_depth == 0 and _deferred_sigterm:
-        _deferred_sigterm = False
-        os.kill(os.getpid(), signal.SIGTERM)
+def _inside_deferring_code(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code in _deferring_codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def deliver_deferred_sigterm() -> None:
+    """Run the hook for a SIGTERM deferred on this (main) thread: once, and directly (a new
+    signal would run a user's handler that chains to ours a second time)."""
+    global sigterm_deferred
+    if sigterm_deferred and threading.current_thread() is threading.main_thread():
+        sigterm_deferred = False
+        _on_sigterm(signal.SIGTERM, None)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    global _deferred_sigterm
-    if _defer_depth:
-        _deferred_sigterm = True  # the main thread is inside a batch send: after it
+    global sigterm_deferred, sigterm_runs
+    if _deferring_codes and _inside_deferring_code(frame):
+        sigterm_deferred = True  # the main thread is inside a batch send: after it
         return
+    sigterm_runs += 1
     previous = _previous_sigterm
     if callable(previous):
         # The user's handler decides whether the process ends; we only make sure nothing

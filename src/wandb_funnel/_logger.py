@@ -63,7 +63,7 @@ def run_exit_code(owner_code: int, rank_codes: list[int]) -> int:
     """
     signalled = (EXIT_SIGINT, EXIT_SIGTERM)
     causes = [code for code in rank_codes if code not in signalled]
-    if owner_code in signalled and causes:
+    if owner_code in (0, *signalled) and causes:
         return causes[0]
     return owner_code or next(iter(rank_codes), 0)
 
@@ -328,6 +328,7 @@ def main() -> int:
             if os.environ.get(ENV_SINK) == "null":  # the funnel alone, no wandb
                 from .sinks.null import NullSink
 
+                log(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
                 return NullSink(kwargs["id"])
             from .sinks.wandb import WandbSink
 

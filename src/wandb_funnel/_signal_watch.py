@@ -15,6 +15,8 @@ pending handler. One that lands after the handler already ran costs a retried sy
 
 Armed only where it cannot disturb anyone: from the main thread, when no wakeup fd is set
 (asyncio sets its own, and takes it over later if it wants it) and SIGURG has no handler.
+Nudging stops as soon as our SIGTERM hook has run. ``WANDB_FUNNEL_SIGNAL_WATCH=0`` turns it
+off (trio, for one, warns when it finds a wakeup fd already set).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 
 NUDGE_SIGNAL = signal.SIGURG
@@ -39,34 +42,67 @@ def _do_nothing(signum: int, frame: FrameType | None) -> None:
     """The nudge's handler: being called is the point (the main thread woke up)."""
 
 
-def arm() -> None:
-    """Watch this process's SIGINT and SIGTERM; once per process, from the main thread."""
-    global _armed_pid, _sockets
+def arm(handler_runs: Callable[[], int]) -> None:
+    """Watch this process's SIGINT and SIGTERM; once per process, from the main thread.
+    ``handler_runs()`` counts our SIGTERM hook's runs. Best effort: never raises."""
+    global _armed_pid
     if _armed_pid == os.getpid() or threading.current_thread() is not threading.main_thread():
+        return
+    if os.environ.get("WANDB_FUNNEL_SIGNAL_WATCH", "1") == "0":
         return
     if signal.getsignal(NUDGE_SIGNAL) not in (signal.SIG_DFL, _do_nothing):
         return  # the application uses SIGURG itself
+    _armed_pid = os.getpid()  # one try per process, even a failed one
+    try:
+        _arm(handler_runs)
+    except Exception:  # out of fds or threads: the process just goes without the watcher
+        try:
+            _disarm()
+        except Exception:
+            pass
+
+
+def _arm(handler_runs: Callable[[], int]) -> None:
+    global _sockets
     reader, writer = socket.socketpair()
     writer.setblocking(False)
-    try:
-        previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
-    except ValueError:
-        previous = None
+    previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
     if previous != -1:
-        if previous is not None:
-            signal.set_wakeup_fd(previous)  # someone else's: theirs stays
-        reader.close()
+        # Someone else's (asyncio's): theirs stays, with whatever landed on ours meanwhile.
+        signal.set_wakeup_fd(previous)
         writer.close()
+        reader.setblocking(False)
+        try:
+            os.write(previous, reader.recv(256))
+        except OSError:
+            pass
+        reader.close()
         return
+    _sockets = (reader, writer)
     signal.signal(NUDGE_SIGNAL, _do_nothing)
-    _armed_pid, _sockets = os.getpid(), (reader, writer)
     main = threading.main_thread().ident
     assert main is not None
-    threading.Thread(target=_watch, args=(reader, main), name="wandb-funnel-signals",
-                     daemon=True).start()
+    threading.Thread(target=_watch, args=(reader, main, handler_runs),
+                     name="wandb-funnel-signals", daemon=True).start()
 
 
-def _watch(reader: socket.socket, main_thread: int) -> None:
+def _disarm() -> None:
+    global _sockets
+    if _sockets is None:
+        return
+    reader, writer = _sockets
+    _sockets = None
+    current = signal.set_wakeup_fd(-1)
+    if current not in (-1, writer.fileno()):
+        signal.set_wakeup_fd(current)
+    if signal.getsignal(NUDGE_SIGNAL) is _do_nothing:
+        signal.signal(NUDGE_SIGNAL, signal.SIG_DFL)
+    reader.close()
+    writer.close()
+
+
+def _watch(reader: socket.socket, main_thread: int, handler_runs: Callable[[], int]) -> None:
+    seen = handler_runs()
     while True:
         try:
             caught = reader.recv(256)
@@ -74,14 +110,19 @@ def _watch(reader: socket.socket, main_thread: int) -> None:
             return
         if not caught:
             return
-        if _WATCHED.isdisjoint(caught):
-            continue  # our own nudges, and signals nobody loses
+        runs = handler_runs()
+        if _WATCHED.isdisjoint(caught) or runs != seen:
+            seen = runs  # our own nudges; or our hook already ran since we last looked
+            continue
         for delay in _NUDGE_DELAYS:
             time.sleep(delay)
+            if handler_runs() != seen:
+                break  # it ran: no more interruptions
             try:
                 signal.pthread_kill(main_thread, NUDGE_SIGNAL)
             except OSError:
                 return  # the main thread is gone: the process is exiting
+        seen = handler_runs()
 
 
 def _forget_in_child() -> None:
@@ -96,7 +137,10 @@ def _forget_in_child() -> None:
         if current not in (-1, writer.fileno()):
             signal.set_wakeup_fd(current)
     except ValueError:
-        pass  # forked from a thread CPython does not count as main: nothing to undo
+        # Forked from a thread CPython does not count as main: the wakeup fd still points at
+        # the writer's number, so keep it open (a reused number would get signal bytes).
+        reader.close()
+        return
     reader.close()
     writer.close()
 

@@ -214,22 +214,31 @@ if __name__ == "__main__":
     assert res.leftovers == []
 
 
-def test_sigterm_during_a_batch_send_loses_nothing(scripts: Scripts) -> None:
+@pytest.mark.parametrize("chained", [False, True])
+def test_sigterm_during_a_batch_send_loses_nothing(scripts: Scripts, chained: bool) -> None:
     """SIGTERM whose handler would run in the middle of a batch send (here it is raised from
     inside the send, at the worst moment): the batch still goes out before the shutdown, so
-    every record logged reaches the run and none is counted as dropped."""
-    res = scripts.run(PRELUDE + """
+    every record logged reaches the run and none is counted as dropped. A handler the user
+    installed after ours, chaining to it (Lightning, submitit), still runs exactly once."""
+    res = scripts.run(PRELUDE + f"""
 from wandb_funnel import _codec
 
 def child():
+    wf.log({{"c": 0}}, step=0)  # attached: our hook is installed
+    if {chained}:
+        ours = signal.getsignal(signal.SIGTERM)
+        def users(signum, frame):
+            print("USER_HANDLER", flush=True)
+            ours(signum, frame)
+        signal.signal(signal.SIGTERM, users)
     encode = _codec.encode_batch
     def encode_and_get_killed(first, records):
         if len(records) == 64:  # the first full batch, sent from inside log()
             os.kill(os.getpid(), signal.SIGTERM)
         return encode(first, records)
     _codec.encode_batch = encode_and_get_killed
-    for s in range(200):
-        wf.log({"c": s}, step=s)
+    for s in range(1, 200):
+        wf.log({{"c": s}}, step=s)
     time.sleep(60)  # not reached: SIGTERM ends us once the batch is out
 
 if __name__ == "__main__":
@@ -246,6 +255,7 @@ if __name__ == "__main__":
     # The SIGTERM landed at the 64th log(): those 64 records were logged, then it died.
     assert [s for s, _ in run.column("c")] == list(range(64))
     assert run.summary["funnel/dropped_records"] == 0
+    assert res.stdout.count("USER_HANDLER") == (1 if chained else 0)
     assert res.leftovers == []
 
 
