@@ -75,8 +75,9 @@ def suite(scratch: pathlib.Path, quick: bool) -> dict[str, Any]:
     results["log_cost"] = cost
 
     ingest: dict[str, Any] = {}
-    records = str(n // 4 if quick else 100_000)
+    total = 40_000 if quick else 400_000  # records per configuration, however many producers
     for producers in ("1", "4", "16"):
+        records = str(total // int(producers))
         ingest[f"funnel/{producers}"] = child(
             f"ingest-funnel-{producers}", "ingest.py", "--mode", "funnel", "--producers",
             producers, "--records", records, **null)
@@ -84,7 +85,7 @@ def suite(scratch: pathlib.Path, quick: bool) -> dict[str, Any]:
             f"ingest-queue-{producers}", "ingest.py", "--mode", "queue", "--producers",
             producers, "--records", records)
     for ranks, per in (("256", "64"), ("1024", "256")):
-        steps = str(max(20, int(records) * 4 // int(ranks)))
+        steps = str(total // int(ranks))
         ingest[f"funnel/{ranks} ranks"] = child(
             f"ingest-ranks-{ranks}", "ingest.py", "--mode", "funnel", "--producers", "4",
             "--ranks-per-producer", per, "--records", steps, **null)
