@@ -215,7 +215,11 @@ def encode_record(step: int, committed: bool, data: dict[str, Any], max_record_b
     # the logger's decoder refuses, so the whole batch (every record in it) was lost as junk.
     if not 0 <= step <= MAX_STEP:
         raise ValueError(f"wandb_funnel: step must be between 0 and 2**63-1, got {step!r}")
-    packed = _pack_checked((step, committed, data), data, "log data")
+    packer = getattr(_local, "packer", None)
+    try:
+        packed: bytes = packer.pack((step, committed, data))  # type: ignore[union-attr]
+    except Exception:  # no packer yet on this thread (AttributeError), or data it refuses
+        packed = _pack_checked((step, committed, data), data, "log data")
     if len(packed) > max_record_bytes:
         raise ValueError(
             f"wandb_funnel: record at step {step} is {len(packed)} bytes encoded, over "
