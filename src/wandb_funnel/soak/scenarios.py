@@ -79,10 +79,10 @@ SCENARIOS: list[Scenario] = [
              "pool.py", ("--method", "spawn", "--ending", "no-close")),
     Scenario("ctrl-c", "SIGINT to the owner's process group mid-run (Ctrl-C)",
              "processes.py", owner_exit=_SIGINT, run_exit=130,
-             fault=Fault("sigint-group")),
+             fault=Fault("sigint-group"), run_exit_if_closing=0),
     Scenario("preempted", "SIGTERM to the job, SIGKILL after a grace period (SLURM, k8s)",
              "processes.py", owner_exit=_SIGTERM, run_exit=143,
-             fault=Fault("preempt", grace=(8.0, 12.0))),
+             fault=Fault("preempt", grace=(8.0, 12.0)), run_exit_if_closing=0),
     Scenario("worker-killed", "SIGKILL to one worker mid-run", "processes.py",
              fault=Fault("kill-worker", ends_training=False), may_lose=_KILLED_WORKER),
     # The owner's wandb teardown (atexit) then finishes the orphaned run with exit code 0.

@@ -28,6 +28,7 @@ def main() -> None:
         for p in procs:
             p.join()
         probe.event("train_end")
+        probe.event("run_closing")  # leaving the block: a signal from here on finds it closing
 
 
 if __name__ == "__main__":
