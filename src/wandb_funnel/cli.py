@@ -32,9 +32,24 @@ def _soak(args: argparse.Namespace) -> int:
     plain_counts = dict.fromkeys((s.name for s in chosen if s.plain), 0)
     done: list[Iteration] = []
     lock = threading.Lock()
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: object) -> None:
+        # First Ctrl-C or SIGTERM: no new iterations; the running ones finish and the table
+        # is written. A second Ctrl-C interrupts as usual.
+        if stopping.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stopping.set()
+        print("stopping: finishing the running iterations, then writing the table",
+              file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
     def next_job() -> tuple[scenarios.Scenario, int, bool] | None:
         with lock:
+            if stopping.is_set():
+                return None
             # The plain-wandb programs first: they are few, and some of them hang.
             for s in sorted((s for s in chosen if s.plain), key=lambda s: plain_counts[s.name]):
                 if plain_counts[s.name] < args.plain:
@@ -75,6 +90,7 @@ def _soak(args: argparse.Namespace) -> int:
     header = {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": round((time.monotonic() - t0) / 60, 1),
+        "stopped_early": stopping.is_set(),
         "iterations": sum(1 for i in done if not i.plain),
         "plain_iterations": sum(1 for i in done if i.plain),
         "jobs": args.jobs,
