@@ -151,7 +151,10 @@ import multiprocessing as mp
 import wandb_funnel as wf
 
 def report(**kw):
-    print("REPORT " + json.dumps(kw), flush=True)
+    # One write per line: ranks share torchrun's stdout, and print() writes the text and
+    # its newline separately when unbuffered, so two ranks' lines could run together.
+    sys.stdout.write("REPORT " + json.dumps(kw) + "\\n")
+    sys.stdout.flush()
 """
 
 

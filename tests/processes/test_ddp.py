@@ -24,7 +24,10 @@ import torch, torch.distributed as dist
 import wandb_funnel as wf
 
 def report(**kw):
-    print("REPORT " + json.dumps(kw), flush=True)
+    # One write per line: ranks share torchrun's stdout, and print() writes the text and
+    # its newline separately when unbuffered, so two ranks' lines could run together.
+    sys.stdout.write("REPORT " + json.dumps(kw) + "\\n")
+    sys.stdout.flush()
 
 mode, scope, behaviour = sys.argv[1], sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo")
