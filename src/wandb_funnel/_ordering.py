@@ -34,10 +34,11 @@ class Row:
     late: bool = False
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
-        """Merge ``data`` (which the row now owns: the logger decoded it for us alone)."""
+        """Merge ``data`` (copied: a decoded dict can reach more than one row; found by
+        test_single_node_four_ranks[worker], cause not yet traced)."""
         part = self.parts.get(rank)
         if part is None:
-            self.parts[rank] = data
+            self.parts[rank] = dict(data)
         else:
             part.update(data)  # the same rank at the same step: later keys win, as in wandb
         self.records += 1
@@ -110,7 +111,7 @@ class Reorderer:
                 self._arrivals.append((now, step))
             part = row.parts.get(rank)
             if part is None:
-                row.parts[rank] = data
+                row.parts[rank] = dict(data)
             else:
                 part.update(data)
             row.records += 1
