@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from wandb_funnel import _codec
 from wandb_funnel._records import (
     CONFIG,
+    PROTOCOL_VERSION,
+    RECORDS,
     Close,
     ConfigUpdate,
     Done,
@@ -199,3 +201,28 @@ def test_bytes_are_refused_at_the_call_site(value: object) -> None:
     """wandb cannot store raw bytes, so they are refused where they are logged."""
     with pytest.raises(TypeError, match=r"bytes|bytearray"):
         _codec.check_data({"k": value})
+
+
+def test_peek_batch_reads_a_batch_header_without_its_records() -> None:
+    records = [_codec.encode_record(s, True, {"x": s}, 1 << 16) for s in range(3)]
+    frame = _codec.encode_batch(7, records)
+    assert _codec.peek_batch(frame) == (7, 3)
+    assert _codec.peek_batch(frame[:-5]) == (7, 3)  # records are not looked at: decode says
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"",
+        b"\xc1",
+        msgpack.packb((PROTOCOL_VERSION, RECORDS, -1, 3)),
+        msgpack.packb((PROTOCOL_VERSION, RECORDS, 0, _codec.MAX_BATCH_RECORDS + 1)),
+        msgpack.packb((PROTOCOL_VERSION + 1, RECORDS, 0, 3)),
+        msgpack.packb((True, RECORDS, 0, 3)),
+        msgpack.packb((PROTOCOL_VERSION, RECORDS, 0.0, 3)),
+        msgpack.packb((PROTOCOL_VERSION, RECORDS, 0)),
+        _codec.encode_goodbye(Goodbye(3, "done", 0)),
+    ],
+)
+def test_peek_batch_is_none_for_anything_but_a_batch_header(frame: bytes) -> None:
+    assert _codec.peek_batch(frame) is None

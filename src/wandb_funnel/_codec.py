@@ -313,6 +313,29 @@ def _check_records(records: list[Any]) -> None:
                 raise DecodeError("record data has a non-str key")
 
 
+def peek_batch(frame: bytes) -> tuple[int, int] | None:
+    """``(first_seq, count)`` from a record batch's header, without decoding its records; None
+    for any other frame, or one whose header is malformed (``decode`` then says why).
+
+    For a receiver with no room for the records: it still learns which numbers were skipped,
+    so the drop is counted exactly, at the cost of unpacking four small ints.
+    """
+    try:
+        unpacker = msgpack.Unpacker(max_buffer_size=max(len(frame), 1))
+        unpacker.feed(frame)
+        header = unpacker.unpack()
+    except Exception:
+        return None
+    if type(header) is not list or len(header) != 4 or not all(map(_is_int, header)):
+        return None
+    version, kind, first_seq, count = header
+    if version != PROTOCOL_VERSION or kind != RECORDS:
+        return None
+    if first_seq < 0 or not 0 <= count <= MAX_BATCH_RECORDS:
+        return None
+    return first_seq, count
+
+
 def decode(frame: bytes, max_frame_bytes: int) -> Message:
     """Decode one frame; anything malformed raises DecodeError, never anything else."""
     if len(frame) > max_frame_bytes:

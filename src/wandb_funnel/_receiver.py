@@ -3,8 +3,11 @@
 It takes frames off the socket as fast as they come, decodes them, assigns ranks, numbers
 and receipts each stream's records, notices dead ranks, and hands plain events to the writer
 (the logger's main thread, which may be slowed down by wandb). Its queue of events is bounded
-in records: when the writer falls that far behind, the receiver stops reading, ZeroMQ's
-queues fill up, and workers drop and count records instead of anyone's memory growing.
+in records: when the writer falls that far behind, the receiver goes on reading and counts
+the batches that do not fit as dropped, from their headers alone. It never stops reading:
+when it did (to let ZeroMQ's queues fill and workers drop), a worker's last batches and its
+GOODBYE waited behind the full queues past the worker's exit timeout, and the records they
+accounted for went missing from the run with no count in its summary (CI, sink-stalls).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ _LIVENESS_PERIOD = 0.25  # seconds between checks that ranks still live
 # this long after its last frame: a rank that exited right after a burst may have thousands
 # of frames still queued, and a backlog is not a death.
 _GONE_QUIET = 1.0
+_DROP_REPORT_PERIOD = 5.0  # seconds between log lines about drops with the same cause
 
 
 def log(message: str) -> None:
@@ -122,7 +126,7 @@ class Receiver(threading.Thread):
         self._stopping = threading.Event()
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._queued = 0  # records handed to the writer and not yet taken
-        self._room = threading.Condition()
+        self._room = threading.Lock()
         self._max_queued = max_queued_records
         self.closer: bytes | None = None
         self.close_asked: CloseAsked | None = None
@@ -132,6 +136,7 @@ class Receiver(threading.Thread):
         self.rejected_peers = 0
         self.auth_failures = 0  # TCP peers refused by the CURVE handshake
         self.dead_ranks: list[int] = []
+        self._unreported: dict[str, int] = {}  # drops not yet logged, by cause
         self.failure: BaseException | None = None
 
     # -- the writer's side -------------------------------------------------------------------
@@ -139,7 +144,6 @@ class Receiver(threading.Thread):
         """The writer consumed ``records`` records: room for that many more."""
         with self._room:
             self._queued -= records
-            self._room.notify()
 
     def stop(self, timeout: float) -> None:
         """Stop reading (after taking what is already queued); bounded."""
@@ -163,7 +167,7 @@ class Receiver(threading.Thread):
             log(f"receiver failed: {exc!r}")
 
     def _serve(self) -> None:
-        next_check = 0.0
+        next_check = next_report = 0.0
         while not self._stopping.is_set():
             if not self._sock.wait(_TICK) or self._drain(200):
                 self._caught_up_at = time.monotonic()
@@ -171,9 +175,13 @@ class Receiver(threading.Thread):
             if now >= next_check:
                 next_check = now + _LIVENESS_PERIOD
                 self._check_liveness()
-        self._drain(1_000_000, block_for_room=False)  # what is already queued, bounded by HWMs
+            if now >= next_report:
+                next_report = now + _DROP_REPORT_PERIOD
+                self._report_drops()
+        self._drain(1_000_000)  # what is already queued, bounded by HWMs
+        self._report_drops()
 
-    def _drain(self, limit: int, block_for_room: bool = True) -> bool:
+    def _drain(self, limit: int) -> bool:
         """Take up to ``limit`` frames; True when the socket ran empty."""
         for _ in range(limit):
             message = self._sock.recv_nowait()
@@ -183,15 +191,29 @@ class Receiver(threading.Thread):
             if len(frames) != 1:
                 self.junk_frames += 1
                 continue
+            # No room: a record batch is counted from its header; decoding it would be wasted.
+            if self._queued >= self._max_queued and self._skip_batch(identity, frames[0]):
+                continue
             try:
                 decoded = _codec.decode(frames[0], self._max_frame)
             except _codec.DecodeError:
                 self.junk_frames += 1
                 continue
-            self._handle(identity, decoded, block_for_room)
+            self._handle(identity, decoded)
         return False
 
-    def _handle(self, identity: bytes, message: Any, block_for_room: bool) -> None:
+    def _skip_batch(self, identity: bytes, frame: bytes) -> bool:
+        """Count a record batch as dropped without decoding it; False if ``frame`` is not one
+        from a known peer (it then goes the normal way)."""
+        peer = self._peers.get(identity)
+        header = _codec.peek_batch(frame) if len(frame) <= self._max_frame else None
+        if peer is None or header is None:
+            return False
+        peer.last_seen = time.monotonic()
+        self._records(peer, header[0], header[1], None)
+        return True
+
+    def _handle(self, identity: bytes, message: Any) -> None:
         if isinstance(message, Hello):
             self._hello(identity, message)
             return
@@ -212,7 +234,7 @@ class Receiver(threading.Thread):
             return
         peer.last_seen = time.monotonic()
         if isinstance(message, RecordBatch):
-            self._records(peer, message, block_for_room)
+            self._records(peer, message.first_seq, len(message.records), message.records)
         elif isinstance(message, Goodbye):
             if message.produced > peer.next_seq:
                 self._drop(message.produced - peer.next_seq, f"rank {peer.rank}: never delivered")
@@ -244,32 +266,29 @@ class Receiver(threading.Thread):
             self.events.put(Attached(rank))
         self._sock.reply(identity, _codec.encode_welcome(Welcome(peer.rank)))
 
-    def _records(self, peer: _Peer, batch: RecordBatch, block_for_room: bool) -> None:
-        if batch.first_seq < peer.next_seq:
+    def _records(
+        self, peer: _Peer, first_seq: int, count: int, records: list[Record] | None
+    ) -> None:
+        """Number a batch of ``count`` records; ``records`` None: skipped for want of room."""
+        if first_seq < peer.next_seq:
             self.junk_frames += 1  # a replay of numbers already seen
             return
-        if batch.first_seq > peer.next_seq:  # the worker dropped (and counted) these
-            self._drop(batch.first_seq - peer.next_seq, f"rank {peer.rank}: worker queue full")
-        count = len(batch.records)
-        peer.next_seq = batch.first_seq + count
+        if first_seq > peer.next_seq:  # the worker dropped (and counted) these
+            self._drop(first_seq - peer.next_seq, f"rank {peer.rank}: worker queue full")
+        peer.next_seq = first_seq + count
         if not count:
             return  # a heartbeat
-        if not self._reserve(count, block_for_room):
-            self._drop(count, "the logger's queue is full (wandb is slower than the workers)")
+        if records is None or not self._reserve(count):
+            self._drop(count, "the logger's queue is full: wandb is slower than the workers")
             return
         peer.received += count
-        self.events.put(Records(peer.rank, batch.records))
+        self.events.put(Records(peer.rank, records))
 
-    def _reserve(self, count: int, block: bool) -> bool:
-        """Take room for ``count`` records, waiting while the writer catches up (unless
-        stopping). Waiting here is the backpressure: ZeroMQ's queues fill behind us."""
-        if count > self._max_queued:
-            return False
+    def _reserve(self, count: int) -> bool:
+        """Take room for ``count`` records; False when the writer is that far behind."""
         with self._room:
-            while self._queued + count > self._max_queued:
-                if not block or self._stopping.is_set():
-                    return False
-                self._room.wait(_TICK)
+            if self._queued + count > self._max_queued:
+                return False
             self._queued += count
         return True
 
@@ -279,8 +298,20 @@ class Receiver(threading.Thread):
             self.events.put(Ended(peer.rank, gone, exit_code))
 
     def _drop(self, count: int, why: str) -> None:
+        """Count a drop; said at once the first time for ``why``, then in periodic totals (a
+        writer far behind drops every batch: a line each would flood stderr)."""
         self.dropped += count
-        log(f"{count} records dropped ({why})")
+        if why not in self._unreported:
+            log(f"{count} records dropped ({why})")
+            self._unreported[why] = 0
+        else:
+            self._unreported[why] += count
+
+    def _report_drops(self) -> None:
+        for why, count in self._unreported.items():
+            if count:
+                log(f"{count} more records dropped ({why})")
+                self._unreported[why] = 0
 
     def _check_liveness(self) -> None:
         refused = self._sock.handshake_failures()

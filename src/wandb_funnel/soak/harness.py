@@ -419,7 +419,14 @@ def _account(scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: s
         if scenario.may_lose:
             it.lost_reason = scenario.may_lose
         else:
-            it.problems.append(f"{it.lost} records lost without a reason")
+            unaccounted = sum("funnel/records" not in r.summary for r in runs)
+            hint = (
+                f" ({unaccounted} run(s) without the funnel's accounting in the summary: the "
+                f"logger did not finish them)"
+                if unaccounted
+                else ""
+            )
+            it.problems.append(f"{it.lost} records lost without a reason{hint}")
     if scenario.run_exit is not None and not it.hang and _expect_fault_effects(scenario, it):
         if len(runs) != scenario.runs:
             it.problems.append(f"{len(runs)} runs written, expected {scenario.runs}")

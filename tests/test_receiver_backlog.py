@@ -1,0 +1,73 @@
+"""The logger's receiver with a writer that takes nothing (wandb stalled): real ZeroMQ sockets
+and the real client stream, in one process, no wandb.
+
+Found by CI (soak scenario sink-stalls): a receiver that stopped reading when its queue was
+full left a worker's last batches and its GOODBYE behind full ZeroMQ queues; the worker's exit
+timeout ran out and those records were missing from the run with no count in its summary.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import warnings
+
+import pytest
+
+from wandb_funnel import _codec
+from wandb_funnel._client import Stream
+from wandb_funnel._receiver import Attached, Ended, Receiver, Records
+from wandb_funnel._transport import LoggerSocket, private_ipc_endpoint, remove_ipc_dir
+from wandb_funnel.errors import FunnelWarning
+
+pytestmark = pytest.mark.timeout(60)
+
+TOKEN = "t" * 32
+QUEUE_BOUND = 1_000  # records the receiver may hand to the (stalled) writer
+
+
+def _events(receiver: Receiver) -> list[object]:
+    out = []
+    while True:
+        try:
+            out.append(receiver.events.get_nowait())
+        except queue.Empty:
+            return out
+
+
+@pytest.mark.parametrize("records", [5_000, 200_000])
+def test_a_stalled_writer_still_gets_every_goodbye_and_counts_every_drop(records: int) -> None:
+    endpoint, directory = private_ipc_endpoint()
+    sock = LoggerSocket(endpoint, 1_000, 1 << 20)
+    receiver = Receiver(sock, TOKEN, 1 << 20, QUEUE_BOUND)
+    receiver.start()
+    try:
+        stream = Stream(endpoint, TOKEN, requested_rank=1, logger_pid=os.getpid())
+        packed = _codec.encode_record(0, False, {"x": 1.0}, 1 << 16)
+        for _ in range(records):
+            stream.push(packed)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t = time.monotonic()
+            stream.close("done", timeout=5.0)
+            close_s = time.monotonic() - t
+        messages = [str(w.message) for w in caught if issubclass(w.category, FunnelWarning)]
+        assert not any("did not confirm receipt" in m for m in messages), (close_s, messages)
+        receiver.stop(timeout=5.0)
+        assert not receiver.is_alive()
+        events = _events(receiver)
+        assert isinstance(events[0], Attached)
+        ended = [e for e in events if isinstance(e, Ended)]
+        assert ended == [Ended(1, gone=False, exit_code=0)]
+        queued = sum(len(e.records) for e in events if isinstance(e, Records))
+        assert 0 < queued <= QUEUE_BOUND
+        # Every record is either handed to the writer or counted, by the receiver or the worker.
+        assert queued + receiver.dropped == records
+        if records > QUEUE_BOUND:
+            assert receiver.dropped > 0
+            assert any(f"of {records} records did not reach the run" in m for m in messages)
+    finally:
+        receiver.stop(timeout=5.0)
+        sock.close()
+        remove_ipc_dir(directory)
