@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _codec
-from ._config import REMOTE_SILENCE
+from ._config import BATCH_RECORDS, REMOTE_SILENCE
 from ._lifecycle import pid_alive
 from ._records import (
     Ack,
@@ -167,7 +167,8 @@ class Receiver(threading.Thread):
             log(f"receiver failed: {exc!r}")
 
     def _serve(self) -> None:
-        next_check = next_report = 0.0
+        next_check = 0.0
+        next_report = time.monotonic() + _DROP_REPORT_PERIOD
         while not self._stopping.is_set():
             if not self._sock.wait(_TICK) or self._drain(200):
                 self._caught_up_at = time.monotonic()
@@ -191,8 +192,11 @@ class Receiver(threading.Thread):
             if len(frames) != 1:
                 self.junk_frames += 1
                 continue
-            # No room: a record batch is counted from its header; decoding it would be wasted.
-            if self._queued >= self._max_queued and self._skip_batch(identity, frames[0]):
+            # Nearly full: a record batch that does not fit is counted from its header alone;
+            # decoding it would be wasted. (An unlocked read: a stale value costs one decode.)
+            if self._queued + BATCH_RECORDS > self._max_queued and self._skip_batch(
+                identity, frames[0]
+            ):
                 continue
             try:
                 decoded = _codec.decode(frames[0], self._max_frame)
@@ -203,11 +207,12 @@ class Receiver(threading.Thread):
         return False
 
     def _skip_batch(self, identity: bytes, frame: bytes) -> bool:
-        """Count a record batch as dropped without decoding it; False if ``frame`` is not one
-        from a known peer (it then goes the normal way)."""
+        """Count a record batch that does not fit as dropped, without decoding it. False when
+        ``frame`` is not a batch from a known peer, or fits: it then goes the normal way.
+        (Its records are not checked: a malformed batch is counted as dropped, not junk.)"""
         peer = self._peers.get(identity)
         header = _codec.peek_batch(frame) if len(frame) <= self._max_frame else None
-        if peer is None or header is None:
+        if peer is None or header is None or self._queued + header[1] <= self._max_queued:
             return False
         peer.last_seen = time.monotonic()
         self._records(peer, header[0], header[1], None)
@@ -237,7 +242,8 @@ class Receiver(threading.Thread):
             self._records(peer, message.first_seq, len(message.records), message.records)
         elif isinstance(message, Goodbye):
             if message.produced > peer.next_seq:
-                self._drop(message.produced - peer.next_seq, f"rank {peer.rank}: never delivered")
+                missing = message.produced - peer.next_seq  # numbered, never arrived
+                self._drop(missing, "a worker's queue was full", peer.rank)
             self._end(peer, gone=False, exit_code=message.exit_code)
             # The receipt lets the worker know (and say) whether anything went missing.
             self._sock.reply(identity, _codec.encode_ack(Ack(peer.received)))
@@ -274,7 +280,7 @@ class Receiver(threading.Thread):
             self.junk_frames += 1  # a replay of numbers already seen
             return
         if first_seq > peer.next_seq:  # the worker dropped (and counted) these
-            self._drop(first_seq - peer.next_seq, f"rank {peer.rank}: worker queue full")
+            self._drop(first_seq - peer.next_seq, "a worker's queue was full", peer.rank)
         peer.next_seq = first_seq + count
         if not count:
             return  # a heartbeat
@@ -297,12 +303,14 @@ class Receiver(threading.Thread):
             peer.ended = True
             self.events.put(Ended(peer.rank, gone, exit_code))
 
-    def _drop(self, count: int, why: str) -> None:
+    def _drop(self, count: int, why: str, rank: int | None = None) -> None:
         """Count a drop; said at once the first time for ``why``, then in periodic totals (a
-        writer far behind drops every batch: a line each would flood stderr)."""
+        writer far behind drops every batch, and 1,024 ranks may each drop: a line each
+        would flood stderr). The logger's last line gives the run's total."""
         self.dropped += count
         if why not in self._unreported:
-            log(f"{count} records dropped ({why})")
+            of_rank = f"rank {rank}: " if rank is not None else ""
+            log(f"{count} records dropped ({of_rank}{why})")
             self._unreported[why] = 0
         else:
             self._unreported[why] += count
