@@ -202,3 +202,21 @@ def test_a_finished_rank_never_holds_rows_again() -> None:
     buf.add(0, 0, True, {"a": 0}, 0.0)
     buf.add(0, 6, True, {"a": 6}, 0.0)
     assert [r.step for r in buf.pop_ready(0.0)] == [0, 5, 6]
+
+
+def test_a_rank_attaching_late_holds_rows_for_another_window() -> None:
+    """Spawn workers that come up one by one (slowly, on a loaded machine) still merge at
+    their first steps: each attach restarts the window of the rows already pending."""
+    buf = Reorderer(window=2.0, max_pending_rows=100)
+    buf.rank_attached(1, 0.0)
+    buf.add(1, 0, True, {"loss": 1.0}, 0.0)
+    buf.add(1, 1, False, {"loss": 1.0}, 0.1)  # step 1 stays open: rank 1 may add to it
+    buf.rank_attached(2, 1.5)  # attached 1.5 s after row 0 arrived; has not logged yet
+    assert buf.next_deadline() == 3.5
+    assert buf.pop_ready(2.5) == []  # without the attach, row 0 would be overdue here
+    buf.add(2, 0, True, {"loss": 3.0}, 2.6)
+    rows = buf.pop_ready(2.6)
+    assert [r.step for r in rows] == [0] and set(rows[0].parts) == {1, 2}
+    assert buf.late_records == 0
+    buf.rank_done(2)  # rank 1 stalls at its open step 1: the row goes a window after the attach
+    assert buf.pop_ready(3.4) == [] and [r.step for r in buf.pop_ready(3.6)] == [1]

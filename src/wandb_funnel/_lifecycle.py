@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing.util
 import os
 import signal
 import sys
@@ -157,8 +156,12 @@ def _install_exit_hooks() -> None:
     _hook_sys_exit()
     atexit.register(_at_interpreter_exit)
     # multiprocessing children leave through os._exit(), which skips atexit; their
-    # finalizers with an exit priority still run on the way out.
-    multiprocessing.util.Finalize(None, _at_interpreter_exit, exitpriority=100)
+    # finalizers with an exit priority still run on the way out. A process where
+    # multiprocessing is not imported is no multiprocessing child (and a worker's import
+    # should not pay for the package): fork children run this again, by the fork hook.
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        mp_util.Finalize(None, _at_interpreter_exit, exitpriority=100)
 
 
 def install_sigterm_hook() -> None:

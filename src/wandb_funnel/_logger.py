@@ -196,7 +196,7 @@ class Logger:
             self._receiver.taken(len(event.records))
         elif isinstance(event, Attached):
             self._active.add(event.rank)
-            self._channel(event.rank).order.rank_attached(event.rank)
+            self._channel(event.rank).order.rank_attached(event.rank, time.monotonic())
         elif isinstance(event, Ended):
             self._ended(event)
         elif isinstance(event, Update):

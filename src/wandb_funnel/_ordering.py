@@ -8,8 +8,10 @@ one after if that record committed. The smallest pending row is released when
 * it is below the floor of every rank that is logging: every rank that attached and has not
   finished or gone (a rank that attached but has not logged yet has floor 0, so that DDP ranks
   starting a few milliseconds apart still merge at step 0); or
-* the oldest pending row has waited ``window`` seconds (a straggler delays the run by a bounded
-  time, and a rank that logs rarely cannot stall it); or
+* the oldest pending row has waited ``window`` seconds, and no rank has attached in the last
+  ``window`` seconds (a straggler delays the run by a bounded time, and a rank that logs
+  rarely cannot stall it; a Pool whose spawn workers come up one by one, slowly on a loaded
+  machine, still has its first steps merged: each new rank holds rows back a while); or
 * more than ``max_pending_rows`` rows are held (memory stays bounded whatever the ranks do).
 
 Released rows come out in strictly increasing step order. A record for a step at or below the
@@ -61,6 +63,7 @@ class Reorderer:
         self._done: set[int] = set()  # finished or gone: their stray records hold nothing
         self._late: dict[int, Row] = {}
         self._last_released: int = -1
+        self._last_attach: float | None = None  # when a rank last attached (monotonic)
         self.late_records = 0
 
     @property
@@ -116,10 +119,13 @@ class Reorderer:
                 part.update(data)
             row.records += 1
 
-    def rank_attached(self, rank: int) -> None:
-        """``rank`` joined: until its first record it holds every row (within the window)."""
+    def rank_attached(self, rank: int, now: float | None = None) -> None:
+        """``rank`` joined (at ``now``; None: a rank known from the start): until its first
+        record it holds every row, and no row is overdue until ``window`` after ``now``."""
         if rank not in self._done:
             self._floors.setdefault(rank, 0)
+        if now is not None:
+            self._last_attach = now
 
     def rank_done(self, rank: int) -> None:
         """``rank`` finished or is gone: it no longer holds rows back, even if records of it
@@ -130,7 +136,12 @@ class Reorderer:
     def next_deadline(self) -> float | None:
         """When the oldest pending row's window runs out (None when nothing is pending)."""
         self._drop_stale_arrivals()
-        return self._arrivals[0][0] + self._window if self._arrivals else None
+        if not self._arrivals:
+            return None
+        since = self._arrivals[0][0]
+        if self._last_attach is not None and self._last_attach > since:
+            since = self._last_attach
+        return since + self._window
 
     def pop_ready(
         self, now: float, window_applies: bool = True, limit: int | None = None
