@@ -1,6 +1,7 @@
 """Where the logger's and the producers' time goes during the ingest benchmark (py-spy).
 
-    python benchmarks/profile_ingest.py [--producers 4] [--records 100000] [--out DIR]
+    python benchmarks/profile_ingest.py [--producers 4] [--ranks-per-producer 1]
+                                        [--records 100000] [--out DIR]
 
 Samples every process of ``ingest.py --mode funnel`` with ``py-spy record --subprocesses``
 (idle samples left out) and prints, per role, the share of samples by function (self time)
@@ -67,6 +68,7 @@ def summarize(raw: pathlib.Path, top: int = 15) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--producers", default="4")
+    parser.add_argument("--ranks-per-producer", default="1")
     parser.add_argument("--records", default="100000")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
@@ -81,7 +83,8 @@ def main() -> None:
         subprocess.run(
             [spy, "record", "--subprocesses", "--nonblocking", "--format", "raw", "--rate", "250",
              "-o", str(raw), "--", sys.executable, str(HERE / "ingest.py"), "--mode", "funnel",
-             "--producers", args.producers, "--records", args.records],
+             "--producers", args.producers, "--ranks-per-producer", args.ranks_per_producer,
+             "--records", args.records],
             env=env, cwd=scratch, check=True, timeout=600,
         )
     summary = summarize(raw)

@@ -220,3 +220,16 @@ def test_a_rank_attaching_late_holds_rows_for_another_window() -> None:
     assert buf.late_records == 0
     buf.rank_done(2)  # rank 1 stalls at its open step 1: the row goes a window after the attach
     assert buf.pop_ready(3.4) == [] and [r.step for r in buf.pop_ready(3.6)] == [1]
+
+
+def test_ranks_that_keep_attaching_delay_rows_at_most_two_windows() -> None:
+    """DataLoader workers forked every epoch attach again and again: a row still goes once it
+    has waited twice the window."""
+    buf = Reorderer(window=2.0, max_pending_rows=100)
+    buf.rank_attached(1, 0.0)
+    buf.add(1, 0, False, {"x": 0}, 0.0)  # step 0 stays open: only the window releases it
+    for t in (1.0, 2.0, 3.0, 3.9):
+        buf.rank_attached(10 + int(t * 10), t)  # a new rank every second; none logs
+        assert buf.next_deadline() == min(t + 2.0, 4.0)
+    assert buf.pop_ready(3.99) == []
+    assert [r.step for r in buf.pop_ready(4.0)] == [0]

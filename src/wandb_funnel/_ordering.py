@@ -9,9 +9,11 @@ one after if that record committed. The smallest pending row is released when
   finished or gone (a rank that attached but has not logged yet has floor 0, so that DDP ranks
   starting a few milliseconds apart still merge at step 0); or
 * the oldest pending row has waited ``window`` seconds, and no rank has attached in the last
-  ``window`` seconds (a straggler delays the run by a bounded time, and a rank that logs
-  rarely cannot stall it; a Pool whose spawn workers come up one by one, slowly on a loaded
-  machine, still has its first steps merged: each new rank holds rows back a while); or
+  ``window`` seconds; or twice ``window`` in any case (a straggler delays the run by a
+  bounded time, and a rank that logs rarely cannot stall it; a Pool whose spawn workers come
+  up one by one, slowly on a loaded machine, still has its first steps merged, and ranks
+  that keep attaching, like DataLoader workers forked every epoch, delay rows at most
+  ``2 * window``); or
 * more than ``max_pending_rows`` rows are held (memory stays bounded whatever the ranks do).
 
 Released rows come out in strictly increasing step order. A record for a step at or below the
@@ -138,10 +140,10 @@ class Reorderer:
         self._drop_stale_arrivals()
         if not self._arrivals:
             return None
-        since = self._arrivals[0][0]
-        if self._last_attach is not None and self._last_attach > since:
-            since = self._last_attach
-        return since + self._window
+        arrived = self._arrivals[0][0]
+        if self._last_attach is None or self._last_attach <= arrived:
+            return arrived + self._window
+        return min(self._last_attach, arrived + self._window) + self._window
 
     def pop_ready(
         self, now: float, window_applies: bool = True, limit: int | None = None
