@@ -21,12 +21,7 @@ def test_public_names_are_all_exported() -> None:
 
 
 def test_worker_import_does_not_import_wandb_or_torch() -> None:
-    """A worker that imports wandb_funnel pays for zmq and msgpack, not wandb or torch, nor
-    for the owner's side (the Funnel, subprocess, multiprocessing) until it is used."""
-    owner_side = ["wandb", "torch", "wandb_funnel._funnel", "subprocess", "multiprocessing"]
-    code = f"import sys, wandb_funnel; print([m for m in {owner_side!r} if m in sys.modules])"
+    """A worker that imports wandb_funnel pays for zmq and msgpack, not wandb or torch."""
+    code = "import sys, wandb_funnel; print('wandb' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
-    code = "import sys, wandb_funnel as wf; wf.Funnel; print('wandb_funnel._funnel' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "True"
+    assert out.stdout.split() == ["False", "False"]

@@ -6,9 +6,8 @@ wandb run, orders records by step and rank, reduces across ranks, and always fin
 
 from __future__ import annotations
 
-import typing as _typing
-
 from ._api import finish, init, log
+from ._funnel import Funnel
 from ._run import Run
 from .errors import (
     ClientClosedError,
@@ -17,9 +16,6 @@ from .errors import (
     LoggerStartError,
     LoggerUnavailableError,
 )
-
-if _typing.TYPE_CHECKING:
-    from ._funnel import Funnel
 
 __version__ = "0.1.0"
 
@@ -36,17 +32,3 @@ __all__ = [
     "init",
     "log",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # Only the owner makes a Funnel: a worker's import does not pay for it (subprocess,
-    # argparse, secrets, ... about a fifth of the import time). PEP 562.
-    if name == "Funnel":
-        from ._funnel import Funnel
-
-        return Funnel
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import sys
 import threading
 import warnings
 from typing import Any
@@ -123,8 +123,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
                 _set_current(run)
                 return run
         if info is None:
-            mp = sys.modules.get("multiprocessing")  # never imported: not its child
-            if mp is not None and mp.parent_process() is not None:
+            if multiprocessing.parent_process() is not None:
                 warnings.warn(
                     "wandb-funnel: no funnel found in this child process (was the Funnel "
                     "started after this process, or after a forkserver?); starting a "
