@@ -155,13 +155,12 @@ def _install_exit_hooks() -> None:
     _exit_hook_pid = os.getpid()
     _hook_sys_exit()
     # multiprocessing children leave through os._exit(), which skips atexit; their
-    # finalizers with an exit priority still run on the way out. A process where
-    # multiprocessing is not imported is no multiprocessing child (and a worker's import
-    # should not pay for the package): fork children run this again, by the fork hook.
-    # Where it is imported, multiprocessing.util is imported *before* our atexit hook is
-    # registered (below), so that ours runs first (atexit is last in, first out): the run is
-    # finished before multiprocessing's exit handler joins children, which may hang.
-    # The owner imports it in _funnel for the same reason.
+    # finalizers with an exit priority still run on the way out. (A process that never
+    # imported multiprocessing is no multiprocessing child; today _api imports it anyway.)
+    # multiprocessing.util is imported *before* our atexit hook is registered (below), so
+    # that ours runs first (atexit is last in, first out): the run is finished before
+    # multiprocessing's exit handler joins children, which may hang. The owner imports it
+    # in _funnel for the same reason.
     if "multiprocessing" in sys.modules:
         import multiprocessing.util
 
