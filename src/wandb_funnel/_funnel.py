@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-
-# Imported before our exit hooks are registered, so that they run before multiprocessing's
-# (atexit is last in, first out): the run is finished before it joins children (_lifecycle).
-import multiprocessing.util  # noqa: F401
 import os
 import secrets
 import select

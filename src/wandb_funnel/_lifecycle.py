@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -154,18 +155,12 @@ def _install_exit_hooks() -> None:
         return
     _exit_hook_pid = os.getpid()
     _hook_sys_exit()
-    # multiprocessing children leave through os._exit(), which skips atexit; their
-    # finalizers with an exit priority still run on the way out. (A process that never
-    # imported multiprocessing is no multiprocessing child; today _api imports it anyway.)
-    # multiprocessing.util is imported *before* our atexit hook is registered (below), so
-    # that ours runs first (atexit is last in, first out): the run is finished before
-    # multiprocessing's exit handler joins children, which may hang. The owner imports it
-    # in _funnel for the same reason.
-    if "multiprocessing" in sys.modules:
-        import multiprocessing.util
-
-        multiprocessing.util.Finalize(None, _at_interpreter_exit, exitpriority=100)
+    # multiprocessing.util (imported with this module) registered its atexit handler first,
+    # so ours runs before it (last in, first out): the run is finished before it joins children.
     atexit.register(_at_interpreter_exit)
+    # multiprocessing children leave through os._exit(), which skips atexit; their
+    # finalizers with an exit priority still run on the way out.
+    multiprocessing.util.Finalize(None, _at_interpreter_exit, exitpriority=100)
 
 
 def install_sigterm_hook() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -54,8 +55,6 @@ class AttachInfo:
         if self.logger_host is not None:
             env[ENV_HOST] = self.logger_host
         if self.curve:
-            import json  # TCP only; a worker's import need not pay for json
-
             env[ENV_CURVE] = json.dumps(self.curve)
         return env
 
@@ -67,12 +66,7 @@ class AttachInfo:
         if not address or token is None:
             return None
         pid = environ.get(ENV_LOGGER_PID, "")
-        curve_json = environ.get(ENV_CURVE)
-        curve = None
-        if curve_json:
-            import json  # TCP only; a worker's import need not pay for json
-
-            curve = json.loads(curve_json)
+        curve = environ.get(ENV_CURVE)
         return cls(
             address=address,
             token=token,
@@ -80,7 +74,7 @@ class AttachInfo:
             max_record_bytes=int(environ.get(ENV_MAX_RECORD_BYTES, DEFAULT_MAX_RECORD_BYTES)),
             logger_pid=int(pid) if pid.isdigit() else None,
             logger_host=environ.get(ENV_HOST),
-            curve=curve,
+            curve=json.loads(curve) if curve else None,
         )
 
 

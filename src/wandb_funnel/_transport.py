@@ -9,6 +9,8 @@ high-water marks, and every receive here is either non-blocking or polled with a
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from typing import Any, Final
 
@@ -76,8 +78,6 @@ def term_process_context(timeout: float) -> bool:
 
 def private_ipc_endpoint() -> tuple[str, str]:
     """A fresh ``ipc://`` endpoint inside a new 0700 directory; returns (endpoint, directory)."""
-    import tempfile  # the owner's: a worker's import need not pay for it
-
     base = tempfile.gettempdir()
     if len(base) > _MAX_IPC_PATH - 30:
         base = "/tmp"
@@ -88,8 +88,6 @@ def private_ipc_endpoint() -> tuple[str, str]:
 
 def remove_ipc_dir(directory: str | None) -> None:
     if directory:
-        import shutil
-
         shutil.rmtree(directory, ignore_errors=True)
 
 
