@@ -233,3 +233,18 @@ def test_ranks_that_keep_attaching_delay_rows_at_most_two_windows() -> None:
         assert buf.next_deadline() == min(t + 2.0, 4.0)
     assert buf.pop_ready(3.99) == []
     assert [r.step for r in buf.pop_ready(4.0)] == [0]
+
+
+def test_pop_all_in_slices_then_drop_all_counts_the_rest() -> None:
+    """At close: rows come out in step order a slice at a time, whatever the floors; what is
+    left is counted (pending and late rows alike) and forgotten."""
+    buf = Reorderer(window=1e9, max_pending_rows=1000)
+    buf.rank_attached(1)  # holds every row: pop_ready would release nothing
+    for step in range(10):
+        buf.add(0, step, True, {"s": step}, 0.0)
+    assert buf.pop_ready(0.0) == []
+    assert [r.step for r in buf.pop_all(3)] == [0, 1, 2]
+    buf.add(0, 1, True, {"late": 1}, 0.0)  # at or below the last released step: late
+    buf.add(1, 7, False, {"t": 1}, 0.0)
+    assert buf.drop_all() == 7 + 1 + 1  # steps 3-9, rank 1's record at 7, the late one
+    assert buf.pending_rows == 0 and buf.pop_all() == [] and buf.next_deadline() is None

@@ -94,6 +94,7 @@ class Logger:
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
         self._write_deadline: float | None = None  # when closing: rows stop, finish goes on
+        self._close_clock: tuple[float, float] | None = None  # when closing: (start, budget)
         self._signal_code: int | None = None
         self._owner_lost = False  # set by the owner-watching thread
         self._watchdog_lock = threading.Lock()
@@ -234,6 +235,7 @@ class Logger:
         budget = max(0.0, budget)
         now = time.monotonic() if since is None else since
         self._closing = (exit_code, now + budget / 2, why)
+        self._close_clock = (now, budget)
         self._write_deadline = now + max(budget / 2, budget - _FINISH_RESERVE)
         self._arm_watchdog(max(0.0, budget - (time.monotonic() - now)))
 
@@ -271,12 +273,25 @@ class Logger:
             "funnel/rejected_peers": rx.rejected_peers + rx.auth_failures,
         }
 
+    def _closing_step(self, step: str) -> None:
+        """Say how far a close has got once rows ran out of time: if the owner then has to
+        kill the logger, its stderr shows where the time went."""
+        if self._close_clock is None or self._write_deadline is None:
+            return
+        now = time.monotonic()
+        if now >= self._write_deadline:
+            start, budget = self._close_clock
+            log(f"closing: {step} at {now - start:.2f}s of a {budget:.1f}s budget")
+
     def _finish(self) -> int:
         assert self._closing is not None
         owner_code, _, why = self._closing
+        self._closing_step("stopped waiting for ranks")
         self._receiver.stop(timeout=5.0)  # it takes in what is already queued, then stops
+        self._closing_step("receiver stopped")
         while not self._take_events(0.0, 1_000_000):
             pass
+        self._closing_step("queue emptied")
         for rank, pid in self._receiver.unfinished():
             log(
                 f"rank {rank} (pid {pid}) had not finished when the run closed ({why}); "
@@ -291,7 +306,7 @@ class Logger:
             # run_mode="new": a rank still unfinished at close did not finish in time.
             unfinished = key is not None and key in self._active
             code = owner_code or EXIT_RANK_DIED if unfinished else exit_code
-            channel.finish(code, extra, elsewhere, self._write_deadline)
+            channel.finish(code, extra, elsewhere, self._write_deadline, self._closing_step)
         stats = self.stats()
         stats["funnel/exit_reason"] = why
         if stats["funnel/dropped_records"] or stats["funnel/late_records"]:

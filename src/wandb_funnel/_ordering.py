@@ -172,12 +172,24 @@ class Reorderer:
             released += 1
         return out
 
-    def pop_all(self) -> list[Row]:
-        """Release everything, in step order (at close)."""
+    def pop_all(self, limit: int | None = None) -> list[Row]:
+        """Release everything (at most ``limit`` pending rows, and late rows), in step order,
+        whatever the floors and windows: at close."""
         out = self._take_late()
-        while self._heap:
+        while self._heap and (limit is None or len(out) < limit):
             out.append(self._release_smallest())
         return out
+
+    def drop_all(self) -> int:
+        """Forget every pending and late row; returns how many records they held. At close,
+        out of time: counting is cheap, releasing rows one by one in order is not."""
+        records = sum(row.records for row in self._rows.values())
+        records += sum(row.records for row in self._late.values())
+        self._rows.clear()
+        self._late.clear()
+        self._heap.clear()
+        self._arrivals.clear()
+        return records
 
     def _release_smallest(self) -> Row:
         step = heapq.heappop(self._heap)

@@ -1,0 +1,62 @@
+"""A channel's finish: rows until the deadline, then the rest counted; the accounting and the
+exit code always go to the sink. A recording sink stands in for wandb (pure logic)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from wandb_funnel._channel import Channel
+from wandb_funnel._ordering import Reorderer
+from wandb_funnel._reduce import RowBuilder
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] = {}
+        self.exit_code: int | None = None
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+
+    def update_config(self, data: dict[str, Any]) -> None:
+        pass
+
+    def update_summary(self, data: dict[str, Any]) -> None:
+        self.summary.update(data)
+
+    def finish(self, exit_code: int) -> None:
+        self.exit_code = exit_code
+
+
+def _channel(steps: int) -> tuple[Channel, RecordingSink]:
+    sink = RecordingSink()
+    channel = Channel(sink, Reorderer(1e9, 10**6), RowBuilder("auto", {}, "_step"), "run")
+    channel.order.rank_attached(1)  # a rank that never logs: nothing is released before close
+    channel.order.add_batch(0, [[s, True, {"x": s}] for s in range(steps)], 0.0)
+    return channel, sink
+
+
+def test_finish_writes_every_row_in_order_when_time_allows() -> None:
+    channel, sink = _channel(2_500)  # more than one slice
+    channel.finish(0, {}, write_deadline=time.monotonic() + 60)
+    assert [row["x"] for row in sink.rows] == list(range(2_500))
+    assert sink.summary["funnel/records"] == 2_500
+    assert sink.summary["funnel/dropped_records"] == 0
+    assert sink.exit_code == 0
+
+
+def test_finish_past_its_deadline_counts_rows_and_still_sends_the_accounting() -> None:
+    channel, sink = _channel(50_000)
+    steps: list[str] = []
+    channel.finish(143, {"funnel/ranks": 2}, 7, time.monotonic() - 1, steps.append)
+    assert len(sink.rows) == 0
+    # Counted in bulk: not one row was released (in order, one heap pop each) only to be
+    # counted; with 500k records queued that took seconds the summary and finish needed.
+    assert channel.order.last_released_step == -1
+    assert sink.summary["funnel/records"] == 0
+    assert sink.summary["funnel/dropped_records"] == 50_000 + 7
+    assert sink.summary["funnel/ranks"] == 2
+    assert sink.exit_code == 143
+    assert steps == ["run: rows written", "run: accounting sent", "run: run finished"]
