@@ -245,6 +245,10 @@ def test_pop_all_in_slices_then_drop_all_counts_the_rest() -> None:
     assert buf.pop_ready(0.0) == []
     assert [r.step for r in buf.pop_all(3)] == [0, 1, 2]
     buf.add(0, 1, True, {"late": 1}, 0.0)  # at or below the last released step: late
+    buf.add(0, 2, True, {"late": 2}, 0.0)
+    # Late rows come first and do not count against the limit.
+    assert [(r.step, r.late) for r in buf.pop_all(1)] == [(1, True), (2, True), (3, False)]
+    buf.add(0, 1, True, {"late": 1}, 0.0)
     buf.add(1, 7, False, {"t": 1}, 0.0)
-    assert buf.drop_all() == 7 + 1 + 1  # steps 3-9, rank 1's record at 7, the late one
+    assert buf.drop_all() == 6 + 1 + 1  # steps 4-9, rank 1's record at 7, the late one
     assert buf.pending_rows == 0 and buf.pop_all() == [] and buf.next_deadline() is None

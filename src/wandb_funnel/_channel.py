@@ -37,8 +37,7 @@ class Channel:
         """Write ``rows``; past ``deadline`` (monotonic) the rest are counted, not written."""
         for row in rows:
             if deadline is not None and self._broken is None and time.monotonic() >= deadline:
-                self._broken = "out of time"
-                log(f"{self.name}: out of time to write rows; counting the rest as dropped")
+                self._out_of_time()
             if self._broken is not None or self.sink is None:
                 self.dropped += row.records
                 continue
@@ -53,6 +52,10 @@ class Channel:
                 else:
                     log(f"{self.name}: wandb refused the row at step {row.step}: {exc!r}")
                 self.dropped += row.records
+
+    def _out_of_time(self) -> None:
+        self._broken = "out of time"
+        log(f"{self.name}: out of time to write rows; counting the rest as dropped")
 
     def update(self, kind: str, data: dict[str, Any]) -> None:
         if self.sink is None:
@@ -83,19 +86,20 @@ class Channel:
         # In slices, so that rows that will not fit before the deadline are counted in bulk
         # rather than released one by one: that took seconds on a loaded machine, out of the
         # time the summary and finish need (the soak's sink-stalls, 500k records queued).
+        records, dropped = self.records, self.dropped
         while self._broken is None and self.sink is not None:
             if write_deadline is not None and time.monotonic() >= write_deadline:
-                self._broken = "out of time"
+                self._out_of_time()
                 break
             rows = self.order.pop_all(_FINISH_SLICE)
             if not rows:
                 break
             self.write(rows, write_deadline)
-        left = self.order.drop_all()
-        if left:
-            self.dropped += left
-            log(f"{self.name}: {left} buffered records not written ({self._broken}); counted")
-        step_done(f"{self.name}: rows written")
+        self.dropped += self.order.drop_all()
+        written, counted = self.records - records, self.dropped - dropped
+        if counted:
+            log(f"{self.name}: {counted} buffered records counted as dropped ({self._broken})")
+        step_done(f"{self.name}: buffered rows done ({written} records written, {counted} counted)")
         if self._broken == "out of time":
             self._broken = None  # rows stopped; the summary and finish still go
         summary = {
@@ -107,14 +111,18 @@ class Channel:
         }
         if self.sink is None or self._broken is not None:
             return
-        self._call("summary", self.sink.update_summary, summary)
-        step_done(f"{self.name}: accounting sent")
-        self._call("finish", self.sink.finish, exit_code)
-        step_done(f"{self.name}: run finished")
+        sent = self._call("summary", self.sink.update_summary, summary)
+        step_done(f"{self.name}: accounting {'sent' if sent else 'refused'}")
+        finished = self._call("finish", self.sink.finish, exit_code)
+        step_done(f"{self.name}: run {'finished' if finished else 'not finished'}")
 
-    def _call(self, what: str, fn: Callable[[Any], None], arg: Any) -> None:
-        if self._broken is None:
-            try:
-                fn(arg)
-            except Exception as exc:
-                log(f"{self.name}: wandb refused a {what}: {exc!r}")
+    def _call(self, what: str, fn: Callable[[Any], None], arg: Any) -> bool:
+        """``fn(arg)``, reporting a failure instead of raising; True when it went through."""
+        if self._broken is not None:
+            return False
+        try:
+            fn(arg)
+        except Exception as exc:
+            log(f"{self.name}: wandb refused a {what}: {exc!r}")
+            return False
+        return True

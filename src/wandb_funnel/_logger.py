@@ -214,7 +214,10 @@ class Logger:
         if self._per_rank is not None:
             # A rank's own run ends with the rank: its exit code, or 1 when it died.
             code = EXIT_RANK_DIED if event.gone else event.exit_code
-            channel.finish(code, {"funnel/ranks": 1, "funnel/dead_ranks": int(event.gone)})
+            stats = {"funnel/ranks": 1, "funnel/dead_ranks": int(event.gone)}
+            # The write deadline applies here too: a rank that ends while the run closes must
+            # not spend on its backlog the time the other runs' summaries need.
+            channel.finish(code, stats, 0, self._write_deadline, self._closing_step)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM

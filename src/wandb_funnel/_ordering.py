@@ -176,8 +176,10 @@ class Reorderer:
         """Release everything (at most ``limit`` pending rows, and late rows), in step order,
         whatever the floors and windows: at close."""
         out = self._take_late()
-        while self._heap and (limit is None or len(out) < limit):
+        released = 0
+        while self._heap and (limit is None or released < limit):
             out.append(self._release_smallest())
+            released += 1
         return out
 
     def drop_all(self) -> int:

@@ -46,7 +46,12 @@ _DROP_REPORT_PERIOD = 5.0  # seconds between log lines about drops with the same
 
 
 def log(message: str) -> None:
-    print(f"wandb-funnel logger: {message}", file=sys.stderr, flush=True)
+    try:
+        print(f"wandb-funnel logger: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        # stderr is a pipe whose reader is gone (`| tee` hit by Ctrl-C) or closed: a message
+        # must never cost the run its summary and finish.
+        pass
 
 
 # ---- events for the writer -------------------------------------------------------------------
