@@ -161,6 +161,24 @@ def _install_exit_hooks() -> None:
     # multiprocessing children leave through os._exit(), which skips atexit; their
     # finalizers with an exit priority still run on the way out.
     multiprocessing.util.Finalize(None, _at_interpreter_exit, exitpriority=100)
+    # A forkserver child that logs while its Process object is unpickled (the target's module
+    # logs at import) registers that finalizer before multiprocessing's bootstrap clears them
+    # all; the bootstrap then runs the after-fork hooks, and this one puts ours back.
+    multiprocessing.util.register_after_fork(_AFTER_BOOTSTRAP_KEY, _reinstall_finalizer)
+
+
+class _Key:
+    """Something multiprocessing's after-fork registry can hold a weak reference to."""
+
+
+_AFTER_BOOTSTRAP_KEY = _Key()
+
+
+def _reinstall_finalizer(_key: object) -> None:
+    # Also called in a child forked from this process: not ours (its own hooks install on
+    # its first use).
+    if _exit_hook_pid == os.getpid():
+        multiprocessing.util.Finalize(None, _at_interpreter_exit, exitpriority=100)
 
 
 def install_sigterm_hook() -> None:

@@ -158,3 +158,44 @@ if __name__ == "__main__":
     assert info["mode"] == 0o700 and info["exists"]
     assert not os.path.exists(os.path.dirname(info["path"]))
     assert stat.S_IMODE(0o700) == info["mode"]
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_child_that_logs_while_being_unpickled_still_flushes_at_exit(
+    scripts: Scripts, method: str
+) -> None:
+    """A child imports its target's module while unpickling its Process object; for
+    forkserver that is before multiprocessing's bootstrap clears the finalizer registry. A
+    module that logs at import must still flush and say goodbye when the child exits (it
+    leaves through os._exit, so only a multiprocessing finalizer can): every record in the
+    run, no rank counted dead."""
+    (scripts.tmp_path / "logs_at_import.py").write_text(
+        "import os\n"
+        "import wandb_funnel as wf\n"
+        "if os.getpid() != int(os.environ['OWNER_PID']):  # a child, not the owner\n"
+        "    for i in range(10):\n"
+        "        wf.log({'at_import': i}, step=i)\n"
+        "def target():\n"
+        "    pass\n"
+    )
+    res = scripts.run(
+        PRELUDE
+        + f"""
+if __name__ == "__main__":
+    os.environ["OWNER_PID"] = str(os.getpid())
+    with wf.Funnel(project="t") as funnel:
+        import logs_at_import  # here, so that the forkserver does not preload it
+
+        child = mp.get_context("{method}").Process(target=logs_at_import.target)
+        child.start()
+        child.join()
+    report(stats=funnel.stats, child_exit=child.exitcode)
+"""
+    )
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["child_exit"] == 0
+    assert info["stats"]["funnel/dead_ranks"] == 0, res.stderr
+    run = only_run(scripts.wandb_dir)
+    assert [v for _, v in run.column("at_import")] == list(range(10))
+    assert res.leftovers == []
