@@ -32,8 +32,19 @@ def test_scenario(scenario: Scenario, tmp_path: pathlib.Path) -> None:
         it = run_iteration(scenario, tries, tmp_path, f"{SEED}-{scenario.name}-{tries}")
         if not it.ok:
             failures.append(f"iteration {tries} (seed {it.seed}): {it.problems}")
+            _print_tails(pathlib.Path(it.directory))
         sent += it.sent
         tested += scenario.fault is None or it.fault_done
     assert not failures, "\n".join(failures)
     assert sent > 0, "the program logged nothing: the scenario tested nothing"
     assert tested == ITERATIONS, f"the fault landed in only {tested} of {tries} iterations"
+
+
+def _print_tails(directory: pathlib.Path, limit: int = 6000) -> None:
+    """A failed iteration's output, for pytest's captured-stdout section: CI keeps no files,
+    and an exit code alone (say, -6) does not say which process aborted or why."""
+    for name in ("stderr.txt", "stdout.txt", "hang-stacks.txt"):
+        path = directory / name
+        if path.exists():
+            text = path.read_bytes()[-limit:].decode(errors="replace")
+            print(f"----- {directory.name}/{name} (last {limit} bytes) -----\n{text}")
