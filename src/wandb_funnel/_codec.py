@@ -208,13 +208,21 @@ def check_step(step: Any) -> int:
     return int(value)
 
 
-def encode_record(step: int, committed: bool, data: dict[str, Any], max_record_bytes: int) -> bytes:
-    """Pack one ``log()`` record; raises TypeError/ValueError naming the key at fault."""
+def encode_record(step: int, committed: bool, data: Any, max_record_bytes: int) -> bytes:
+    """Validate and pack one ``log()`` record; raises TypeError/ValueError naming the key at
+    fault."""
     # The step range is checked here too, not only in check_step: an implicit step (step=None
     # after log(step=2**63-1, commit=True)) reaches 2**63, which msgpack packs as a uint64 but
     # the logger's decoder refuses, so the whole batch (every record in it) was lost as junk.
     if not 0 <= step <= MAX_STEP:
         raise ValueError(f"wandb_funnel: step must be between 0 and 2**63-1, got {step!r}")
+    if type(data) is dict:  # check_data's fast path, inline: a function call costs 0.1 us
+        for key, value in data.items():
+            if type(key) is not str or type(value) not in _FLAT:
+                data = check_data(data)
+                break
+    else:
+        data = check_data(data)
     packer = getattr(_local, "packer", None)
     try:
         packed: bytes = packer.pack((step, committed, data))  # type: ignore[union-attr]
