@@ -15,7 +15,6 @@ wait, bounded, for its address in the store, then attach with their global rank.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import socket
@@ -127,7 +126,7 @@ def init_distributed(
             rendezvous.publish(key, {"error": f"{type(exc).__name__}: {exc}"})
             raise
         info = funnel.attach_info()
-        record = {**dataclasses.asdict(info), "tcp": funnel.tcp_address, "node": node}
+        record = {**info._asdict(), "tcp": funnel.tcp_address, "node": node}
         rendezvous.publish(key, record)
         run = funnel.run
     else:
@@ -142,7 +141,7 @@ def init_distributed(
                     f"wandb_funnel: the logger runs on node {host_node}, not this node {node}, "
                     f"and listens on IPC only"
                 )
-            info = dataclasses.replace(info, address=tcp)
+            info = info._replace(address=tcp)
         # Processes this rank starts attach too; the variables go away with the run, so a
         # later wf.init() here does not find this funnel again.
         exported = info.to_env()
@@ -158,5 +157,5 @@ def init_distributed(
     if per_rank is not None:
         names = {"rank": env.rank, "local_rank": env.local_rank}
         run_id = str(per_rank["id"]).format(**names)
-        run._info = dataclasses.replace(run._info, run_id=run_id)
+        run._info = run._info._replace(run_id=run_id)
     return run

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ._config import ENV_RANK_PID
 
 
-@dataclass(frozen=True)
-class DistEnv:
+class DistEnv(NamedTuple):
     """One process's place in a distributed job."""
 
     launcher: str  # "torchrun", "slurm", "openmpi" or "pmi"

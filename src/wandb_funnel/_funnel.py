@@ -3,19 +3,16 @@ closes everything in bounded time on every exit path."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import secrets
 import select
 import socket
-import subprocess
 import sys
 import threading
 import time
 import warnings
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _client, _lifecycle
 from ._config import (
@@ -31,6 +28,9 @@ from ._reduce import check_reduce, check_run_mode
 from ._run import AttachInfo, Run
 from ._transport import client_curve, new_curve_keys, private_ipc_endpoint, remove_ipc_dir
 from .errors import FunnelWarning, LoggerStartError
+
+if TYPE_CHECKING:
+    import subprocess
 
 _KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a logger that failed to start
 # close(): the logger gets LOGGER_SHARE of close_timeout (half of that for stragglers, then
@@ -54,7 +54,8 @@ def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     out = dict(kwargs)
     if "settings" in out:
         out["settings"] = settings_to_dict(out["settings"])
-    if isinstance(out.get("config"), argparse.Namespace):
+    argparse = sys.modules.get("argparse")  # not imported here: a config cannot be one then
+    if argparse is not None and isinstance(out.get("config"), argparse.Namespace):
         out["config"] = vars(out["config"])
     for key, value in out.items():
         try:
@@ -132,7 +133,7 @@ class Funnel:
         self._proc: subprocess.Popen[bytes] | None = None
         self._address: str | None = None
         self._ipc_dir: str | None = None
-        self._token = secrets.token_hex(16)
+        self._token = os.urandom(16).hex()  # what secrets.token_hex does, without hashlib
         self._run: Run | None = None
         self._saved_env: dict[str, str | None] = {}
         self._closed = False
@@ -209,6 +210,8 @@ class Funnel:
             "tcp_host": self._tcp_host,
             "curve": self._curve,
         }
+        import subprocess  # the owner's alone: a worker's import of this module skips it
+
         try:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "wandb_funnel._logger"],
@@ -332,6 +335,8 @@ class Funnel:
                 _api.forget_run(self._run)
 
     def _close_logger(self, code: int, deadline: float) -> None:
+        import subprocess  # already loaded: the logger was started with it
+
         from ._codec import decode, encode_close
         from ._records import Close, Done
         from ._transport import ClientSocket
@@ -379,6 +384,8 @@ class Funnel:
             closer.close(0)
 
     def _kill_logger(self, grace: float = _KILL_GRACE) -> None:
+        import subprocess  # already loaded: the logger was started with it
+
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return

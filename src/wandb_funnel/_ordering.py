@@ -24,18 +24,25 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(slots=True)
 class Row:
     """One step's data: ``parts`` maps each rank to its records at that step, merged."""
 
-    step: int
-    parts: dict[int, dict[str, Any]] = field(default_factory=dict)
-    records: int = 0
-    late: bool = False
+    __slots__ = ("late", "parts", "records", "step")
+
+    def __init__(
+        self, step: int, parts: dict[int, dict[str, Any]] | None = None, late: bool = False
+    ) -> None:
+        self.step = step
+        self.parts: dict[int, dict[str, Any]] = {} if parts is None else parts
+        self.records = 0
+        self.late = late
+
+    def __repr__(self) -> str:
+        return f"Row(step={self.step}, parts={self.parts!r}, records={self.records}, " \
+            f"late={self.late})"
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
         """Merge ``data`` (copied: a decoded dict can reach more than one row; found by

@@ -1,9 +1,12 @@
-"""The messages that cross the wire, as plain frozen dataclasses; no I/O here."""
+"""The messages that cross the wire, as NamedTuples; no I/O here.
+
+NamedTuples, not dataclasses: every worker imports this module, and ``dataclasses`` (with the
+``inspect`` it pulls in) cost a worker 30 ms and 2.8 MB at import.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 PROTOCOL_VERSION: Final = 1
 
@@ -19,8 +22,7 @@ DONE: Final = 17
 ACK: Final = 18
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(NamedTuple):
     """A new stream (one rank of one process) announces itself."""
 
     token: str
@@ -36,30 +38,26 @@ class Hello:
 Record = list[Any]
 
 
-@dataclass(frozen=True, slots=True)
-class RecordBatch:
+class RecordBatch(NamedTuple):
     """Records sent together; ``first_seq`` numbers them so the logger can see gaps."""
 
     first_seq: int
-    records: list[Record] = field(default_factory=list)
+    records: list[Record]
 
 
-@dataclass(frozen=True, slots=True)
-class ConfigUpdate:
+class ConfigUpdate(NamedTuple):
     """``run.config.update(data)`` from some rank."""
 
     data: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class SummaryUpdate:
+class SummaryUpdate(NamedTuple):
     """``run.summary[key] = value`` from some rank."""
 
     data: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Goodbye:
+class Goodbye(NamedTuple):
     """A stream ends; ``produced`` counts every record it ever numbered, sent or dropped.
 
     ``exit_code`` is the rank's own: non-zero when it ended with an exception, which makes
@@ -71,8 +69,7 @@ class Goodbye:
     exit_code: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Close:
+class Close(NamedTuple):
     """The owner asks the logger to finish the run within ``budget`` seconds."""
 
     token: str
@@ -80,22 +77,19 @@ class Close:
     budget: float
 
 
-@dataclass(frozen=True, slots=True)
-class Welcome:
+class Welcome(NamedTuple):
     """The logger's answer to a Hello: the rank this stream got."""
 
     rank: int
 
 
-@dataclass(frozen=True, slots=True)
-class Ack:
+class Ack(NamedTuple):
     """The logger's answer to a Goodbye: how many of the stream's records it received."""
 
     received: int
 
 
-@dataclass(frozen=True, slots=True)
-class Done:
+class Done(NamedTuple):
     """The logger's answer to Close, sent once the run is finished."""
 
     stats: dict[str, Any]

@@ -12,10 +12,12 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._config import REDUCERS, RUN_MODES
-from ._ordering import Row
+
+if TYPE_CHECKING:  # the logger's module: a worker that imports this never loads it
+    from ._ordering import Row
 
 Reducer = Callable[[list[Any]], Any]
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _codec, _pid
 from ._config import (
@@ -30,8 +29,7 @@ if TYPE_CHECKING:
     from ._funnel import Funnel
 
 
-@dataclass(frozen=True)
-class AttachInfo:
+class AttachInfo(NamedTuple):
     """Everything a process needs to reach a funnel; what a pickled Run carries."""
 
     address: str

@@ -9,8 +9,6 @@ high-water marks, and every receive here is either non-blocking or polled with a
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 from typing import Any, Final
 
@@ -78,6 +76,8 @@ def term_process_context(timeout: float) -> bool:
 
 def private_ipc_endpoint() -> tuple[str, str]:
     """A fresh ``ipc://`` endpoint inside a new 0700 directory; returns (endpoint, directory)."""
+    import tempfile  # the owner's alone (with shutil below): a worker's import skips both
+
     base = tempfile.gettempdir()
     if len(base) > _MAX_IPC_PATH - 30:
         base = "/tmp"
@@ -88,6 +88,8 @@ def private_ipc_endpoint() -> tuple[str, str]:
 
 def remove_ipc_dir(directory: str | None) -> None:
     if directory:
+        import shutil
+
         shutil.rmtree(directory, ignore_errors=True)
 
 
