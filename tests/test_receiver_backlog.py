@@ -16,6 +16,7 @@ import pytest
 
 from wandb_funnel import _codec
 from wandb_funnel._client import Stream
+from wandb_funnel._config import BATCH_RECORDS
 from wandb_funnel._receiver import Attached, Ended, Receiver, Records
 from wandb_funnel._records import RecordBatch
 from wandb_funnel._transport import LoggerSocket, private_ipc_endpoint, remove_ipc_dir
@@ -75,11 +76,11 @@ def test_a_stalled_writer_still_gets_every_goodbye_and_counts_every_drop(
         queued = sum(len(e.records) for e in handed)
         # Every record is either handed to the writer or counted, by the receiver or the worker.
         assert queued + receiver.dropped == records
-        # The queue fills to within a batch (64 records at most) of its bound, never past it.
+        # The queue fills to within a batch of its bound, never past it.
         assert (
             queued == records
             if records <= QUEUE_BOUND
-            else QUEUE_BOUND - 64 < queued <= QUEUE_BOUND
+            else QUEUE_BOUND - BATCH_RECORDS < queued <= QUEUE_BOUND
         )
         # A batch that does not fit is counted from its header: none is decoded to be dropped.
         assert decoded_batches == len(handed)

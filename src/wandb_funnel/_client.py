@@ -97,7 +97,7 @@ class Stream:
             self._take_and_send(timeout)
         finally:
             # Our SIGTERM hook does not run inside _take_and_send (it would close the stream
-            # with this batch numbered but never sent: up to 64 records lost); it runs now.
+            # with this batch numbered but never sent: a whole batch lost); it runs now.
             if _lifecycle.sigterm_deferred:
                 _lifecycle.deliver_deferred_sigterm()
 

@@ -42,7 +42,9 @@ DEFAULT_LOGGER_NICE: Final = 0  # rows held for reordering before the oldest is 
 
 # Client batching: a batch is sent when it holds BATCH_RECORDS records, or BATCH_BYTES bytes,
 # or FLUSH_INTERVAL seconds after its first record (by the per-process flusher thread).
-BATCH_RECORDS: Final = 64
+# 256, not 64: a quarter of the sends, which cut log()'s CPU by about a fifth; a rank logging
+# under 2,560 records/s still sends by time, so a SIGKILL loses at most 0.1 s of its records.
+BATCH_RECORDS: Final = 256
 BATCH_BYTES: Final = 256 * 1024
 FLUSH_INTERVAL: Final = 0.1
 # A rank that sent nothing for this long sends an empty batch (a heartbeat).

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import PRELUDE, Scripts, reports, wait_for_report
 from tests.wandb_reader import only_run
+from wandb_funnel._config import BATCH_RECORDS
 
 pytestmark = pytest.mark.processes
 
@@ -222,6 +223,7 @@ def test_sigterm_during_a_batch_send_loses_nothing(scripts: Scripts, chained: bo
     installed after ours, chaining to it (Lightning, submitit), still runs exactly once."""
     res = scripts.run(PRELUDE + f"""
 from wandb_funnel import _codec
+from wandb_funnel._config import BATCH_RECORDS
 
 def child():
     wf.log({{"c": 0}}, step=0)  # attached: our hook is installed
@@ -233,11 +235,11 @@ def child():
         signal.signal(signal.SIGTERM, users)
     encode = _codec.encode_batch
     def encode_and_get_killed(first, records):
-        if len(records) == 64:  # the first full batch, sent from inside log()
+        if len(records) == BATCH_RECORDS:  # the first full batch, sent from inside log()
             os.kill(os.getpid(), signal.SIGTERM)
         return encode(first, records)
     _codec.encode_batch = encode_and_get_killed
-    for s in range(1, 200):
+    for s in range(1, 2 * BATCH_RECORDS):
         wf.log({{"c": s}}, step=s)
     time.sleep(60)  # not reached: SIGTERM ends us once the batch is out
 
@@ -252,8 +254,8 @@ if __name__ == "__main__":
     info = reports(res.stdout)
     assert info["exitcode"] == -signal.SIGTERM
     run = only_run(scripts.wandb_dir)
-    # The SIGTERM landed at the 64th log(): those 64 records were logged, then it died.
-    assert [s for s, _ in run.column("c")] == list(range(64))
+    # The SIGTERM landed at the batch's last log(): that whole batch was logged, then it died.
+    assert [s for s, _ in run.column("c")] == list(range(BATCH_RECORDS))
     assert run.summary["funnel/dropped_records"] == 0
     assert res.stdout.count("USER_HANDLER") == (1 if chained else 0)
     assert res.leftovers == []
