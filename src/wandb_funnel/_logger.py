@@ -144,13 +144,16 @@ class Logger:
             wait = min([LOGGER_TICK, *(max(0.0, d - now) for d in deadlines)])
             caught_up = self._take_events(0.0 if more_rows else wait, _EVENTS_PER_WAKE)
             now = time.monotonic()
-            # While events are still queued the writer is behind: a row's window may have run
-            # out while the straggler's records wait in the queue, so rows wait for floors (or
-            # the memory bound) until the writer has caught up.
+            # While events are still queued, or frames still wait unread in the socket, the
+            # logger is behind: a row's window may have run out while the straggler's records
+            # wait in a queue, so rows wait for floors (or the memory bound) until it has
+            # caught up. (1,024 ranks flat out: 4,000-120,000 late records of 400,000 before
+            # the socket counted too.)
+            window_applies = caught_up and self._receiver.socket_drained(now)
             more_rows = False
             for channel in self._channels.values():
                 if not channel.finished:
-                    rows = channel.order.pop_ready(now, caught_up, _ROWS_PER_WAKE)
+                    rows = channel.order.pop_ready(now, window_applies, _ROWS_PER_WAKE)
                     channel.write(rows, self._write_deadline)
                     more_rows |= len(rows) >= _ROWS_PER_WAKE
             asked = self._receiver.close_asked

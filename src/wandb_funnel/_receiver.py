@@ -37,6 +37,9 @@ from ._records import (
 from ._transport import LoggerSocket
 
 _TICK = 0.05  # seconds between checks when the socket is quiet
+# A receiver that has not seen its socket empty for this long is behind on its input. (Idle,
+# it sees it empty every _TICK; keeping up, after every few hundred frames.)
+_DRAINED_WITHIN = 0.25
 _LIVENESS_PERIOD = 0.25  # seconds between checks that ranks still live
 # A rank whose pid is dead is declared gone only once the socket was found empty at least
 # this long after its last frame: a rank that exited right after a burst may have thousands
@@ -149,6 +152,12 @@ class Receiver(threading.Thread):
         """The writer consumed ``records`` records: room for that many more."""
         with self._room:
             self._queued -= records
+
+    def socket_drained(self, now: float) -> bool:
+        """Whether this thread found the socket empty lately. When it has not, frames wait
+        in ZeroMQ's queues unread (the logger is saturated), and a straggler's records may be
+        among them: an empty event queue alone does not mean the writer has caught up."""
+        return now - self._caught_up_at <= _DRAINED_WITHIN
 
     def stop(self, timeout: float) -> None:
         """Stop reading (after taking what is already queued); bounded."""
