@@ -17,9 +17,6 @@ ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when t
 # pid (a DataLoader worker, a Pool) then gets a fresh rank instead of colliding with its parent.
 ENV_RANK_PID: Final = "WANDB_FUNNEL_RANK_PID"
 ENV_SINK: Final = "WANDB_FUNNEL_SINK"  # "null": the logger writes nothing (benchmarks)
-# How much the logger lowers its CPU priority (os.nice), so training ranks that share its cores
-# come first; it catches up from a bounded queue. See DEFAULT_LOGGER_NICE.
-ENV_LOGGER_NICE: Final = "WANDB_FUNNEL_LOGGER_NICE"
 
 EXPORTED_ENV: Final = (
     ENV_ADDRESS,
@@ -37,8 +34,7 @@ DEFAULT_CLOSE_TIMEOUT: Final = 30.0  # seconds for close(): stragglers + drain +
 DEFAULT_START_TIMEOUT: Final = 90.0  # seconds for the logger to open its run (wandb's init_timeout)
 DEFAULT_MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
 DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank
-DEFAULT_MAX_PENDING_ROWS: Final = 10_000
-DEFAULT_LOGGER_NICE: Final = 0  # rows held for reordering before the oldest is forced
+DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the oldest is forced
 
 # Client batching: a batch is sent when it holds BATCH_RECORDS records, or BATCH_BYTES bytes,
 # or FLUSH_INTERVAL seconds after its first record (by the per-process flusher thread).

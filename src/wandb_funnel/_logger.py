@@ -25,8 +25,6 @@ from . import _codec
 from ._channel import Channel
 from ._config import (
     BATCH_BYTES,
-    DEFAULT_LOGGER_NICE,
-    ENV_LOGGER_NICE,
     ENV_SINK,
     EXIT_OWNER_LOST,
     EXIT_RANK_DIED,
@@ -337,27 +335,12 @@ def _write_ready(fd: int, payload: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def _lower_priority(setting: str | None) -> None:
-    """``os.nice`` by WANDB_FUNNEL_LOGGER_NICE (DEFAULT_LOGGER_NICE when unset)."""
-    try:
-        increment = DEFAULT_LOGGER_NICE if setting is None else int(setting)
-    except ValueError:
-        log(f"{ENV_LOGGER_NICE}={setting!r} is not an int: priority left as it is")
-        return
-    if increment > 0:
-        try:
-            os.nice(increment)
-        except OSError as exc:
-            log(f"cannot lower the logger's priority by {increment}: {exc}")
-
-
 def main() -> int:
     """Entry point of ``python -m wandb_funnel._logger``; config arrives as JSON on stdin."""
     cfg = json.loads(sys.stdin.buffer.read())
     ready_fd: int = cfg["ready_fd"]
     # Until serve() installs its handlers, a stray Ctrl-C must not kill a half-made run.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _lower_priority(os.environ.get(ENV_LOGGER_NICE))
     max_frame = int(cfg["max_record_bytes"]) + BATCH_BYTES + 4096
     sock: LoggerSocket | None = None
     try:
