@@ -15,12 +15,15 @@ from wandb_funnel._records import (
     CONFIG,
     PROTOCOL_VERSION,
     RECORDS,
+    SUMMARY,
+    Ack,
     Close,
     ConfigUpdate,
     Done,
     Goodbye,
     Hello,
     RecordBatch,
+    SummaryUpdate,
     Welcome,
 )
 
@@ -43,16 +46,24 @@ def test_record_batch_round_trip() -> None:
 
 
 def test_control_messages_round_trip() -> None:
-    """Every control message decodes to what was encoded."""
+    """Every control message decodes to what was encoded, as its own kind. (Messages are
+    NamedTuples: Ack(2) == Welcome(2), so the type is compared too.)"""
+
+    def same(decoded: object, expected: object) -> bool:
+        return type(decoded) is type(expected) and decoded == expected
+
     hello = Hello("tok", 12, "host", 3, 999)
-    assert _codec.decode(_codec.encode_hello(hello), MAX) == hello
-    assert _codec.decode(_codec.encode_goodbye(Goodbye(4, "done")), MAX) == Goodbye(4, "done")
+    assert same(_codec.decode(_codec.encode_hello(hello), MAX), hello)
+    assert same(_codec.decode(_codec.encode_goodbye(Goodbye(4, "done")), MAX), Goodbye(4, "done"))
     close = Close("tok", 143, 2.5)
-    assert _codec.decode(_codec.encode_close(close), MAX) == close
-    assert _codec.decode(_codec.encode_welcome(Welcome(2)), MAX) == Welcome(2)
-    assert _codec.decode(_codec.encode_done(Done({"x": 1})), MAX) == Done({"x": 1})
+    assert same(_codec.decode(_codec.encode_close(close), MAX), close)
+    assert same(_codec.decode(_codec.encode_welcome(Welcome(2)), MAX), Welcome(2))
+    assert same(_codec.decode(_codec.encode_ack(Ack(2)), MAX), Ack(2))
+    assert same(_codec.decode(_codec.encode_done(Done({"x": 1})), MAX), Done({"x": 1}))
     update = _codec.encode_update(CONFIG, {"lr": 0.1}, MAX)
-    assert _codec.decode(update, MAX) == ConfigUpdate({"lr": 0.1})
+    assert same(_codec.decode(update, MAX), ConfigUpdate({"lr": 0.1}))
+    summary = _codec.encode_update(SUMMARY, {"best": 1}, MAX)
+    assert same(_codec.decode(summary, MAX), SummaryUpdate({"best": 1}))
 
 
 def test_numpy_scalars_and_special_floats_pass() -> None:

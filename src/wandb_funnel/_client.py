@@ -76,10 +76,10 @@ class Stream:
     # -- the hot path ----------------------------------------------------------------------
     def push(self, packed: bytes) -> None:
         """Queue one packed record; sends the batch when it is full. Never blocks on the logger."""
-        # acquire/release, not ``with``: the with-statement costs 0.25 us more per call here.
-        lock = self._lock
-        lock.acquire()
-        try:
+        # ``with``, not acquire() then try: that costs 0.25 us less, but a KeyboardInterrupt
+        # landing between the two would leave the lock held, and every other thread's log()
+        # blocked for good.
+        with self._lock:
             if self.closed:
                 raise ClientClosedError("wandb_funnel: log() on a finished run")
             buf = self._buf
@@ -89,8 +89,6 @@ class Stream:
             self._buf_bytes += len(packed)
             if len(buf) >= BATCH_RECORDS or self._buf_bytes >= BATCH_BYTES:
                 self._send_batch(0.0)
-        finally:
-            lock.release()
 
     def _send_batch(self, timeout: float) -> None:
         try:

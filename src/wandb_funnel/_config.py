@@ -47,8 +47,9 @@ FLUSH_INTERVAL: Final = 0.1
 HEARTBEAT_INTERVAL: Final = 1.0
 # A rank on another host that sent nothing (not even a heartbeat) for this long is gone.
 REMOTE_SILENCE: Final = 5.0
-# Batches queued in ZeroMQ per stream before log() starts dropping (and counting) records.
-SEND_HWM: Final = 2_000
+# Batches queued in ZeroMQ per stream before log() starts dropping (and counting) records:
+# up to 128,000 records (a quarter of the batches since a batch holds 256).
+SEND_HWM: Final = 500
 # How long a finishing client waits for its last batches to leave the process.
 FINAL_FLUSH_TIMEOUT: Final = 5.0
 # How long Run.rank waits for the logger's WELCOME.

@@ -39,9 +39,9 @@ from ._reduce import RowBuilder
 from ._transport import LoggerSocket, remove_ipc_dir
 from .sinks import Sink
 
-_PEER_RCV_HWM = 1_000  # frames queued per peer inside ZeroMQ
+_PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
 _MAX_QUEUED_RECORDS = 500_000  # records decoded and waiting for the writer: bounds memory
-_EVENTS_PER_WAKE = 500  # events taken before released rows are written out
+_EVENTS_PER_WAKE = 125  # events (up to 32,000 records) taken before released rows are written
 # Rows written per wake-up (about 0.2 s of wandb.log): the loop comes back often enough to
 # see a CLOSE, a signal or a dead owner even with a long backlog of rows.
 _ROWS_PER_WAKE = 1_000
@@ -136,9 +136,16 @@ class Logger:
         signal.signal(signal.SIGINT, self._on_signal)
         threading.Thread(target=self._watch_owner, name="wandb-funnel-owner", daemon=True).start()
         more_rows = False
+        window_applies = True
         while True:
             now = time.monotonic()
-            deadlines = [d for c in self._channels.values() if (d := c.order.next_deadline())]
+            # A row's deadline only matters while the window can apply: waiting 0 for one that
+            # cannot fire spun this loop, holding the GIL from the receiver it waits for.
+            deadlines = [
+                d
+                for c in self._channels.values()
+                if window_applies and (d := c.order.next_deadline())
+            ]
             wait = min([LOGGER_TICK, *(max(0.0, d - now) for d in deadlines)])
             caught_up = self._take_events(0.0 if more_rows else wait, _EVENTS_PER_WAKE)
             now = time.monotonic()

@@ -162,6 +162,9 @@ class Run:
             raise TypeError(f"wandb_funnel: commit must be a bool or None, got {commit!r}")
         stream = self._stream
         if stream is None or stream.pid != _pid.current:
+            # First use in this process: refuse bad data before connecting, so that a call
+            # that raises leaves no rank behind holding rows back.
+            _codec.check_data(data)
             stream = self._live_stream()  # may reset self._step in a new process
         current = self._step
         if step is None:

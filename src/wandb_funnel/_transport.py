@@ -76,7 +76,7 @@ def term_process_context(timeout: float) -> bool:
 
 def private_ipc_endpoint() -> tuple[str, str]:
     """A fresh ``ipc://`` endpoint inside a new 0700 directory; returns (endpoint, directory)."""
-    import tempfile  # the owner's alone (with shutil below): a worker's import skips both
+    import tempfile  # the owner's alone: a worker's import skips it
 
     base = tempfile.gettempdir()
     if len(base) > _MAX_IPC_PATH - 30:
@@ -87,10 +87,17 @@ def private_ipc_endpoint() -> tuple[str, str]:
 
 
 def remove_ipc_dir(directory: str | None) -> None:
-    if directory:
-        import shutil
-
-        shutil.rmtree(directory, ignore_errors=True)
+    """Remove our socket directory (it holds the socket file only). No import here: the
+    logger's watchdog runs this while its main thread is stuck, perhaps holding an import
+    lock."""
+    if not directory:
+        return
+    try:
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+    except OSError:
+        pass
 
 
 def new_curve_keys() -> dict[str, str]:

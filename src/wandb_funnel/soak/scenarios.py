@@ -108,7 +108,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("torchrun-sigterm", "SIGTERM to torchrun mid-run", "ddp.py", torchrun=-1,
              needs=("torch",), deadline=120, owner_exit=(1, *_SIGTERM), run_exit=143,
              fault=Fault("sigterm-owner", delay=(0.0, 1.0)), run_exit_if_closing=0,
-             closing_window=2.0),
+             closing_window=0.3),
     Scenario("torchrun-rank-killed", "SIGKILL to one rank (not rank 0) mid-run", "ddp.py",
              torchrun=-1, needs=("torch",), deadline=120, owner_exit=(1,), run_exit=143,
              fault=Fault("kill-worker", delay=(0.0, 1.0)), may_lose=_KILLED_WORKER,
