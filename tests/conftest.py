@@ -110,6 +110,22 @@ class Scripts:
             start_new_session=new_session,  # its own process group, for killpg tests
         )
 
+    def run_file(
+        self, path: pathlib.Path, args: list[str], timeout: float = 90
+    ) -> ScriptResult:
+        """Run a program file of the test tree (``tests/programs``) as the owner process."""
+        t0 = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, str(path), *args],
+            cwd=self.tmp_path,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        return self.finish(proc, timeout, t0)
+
     def finish(self, proc: subprocess.Popen[str], timeout: float, t0: float) -> ScriptResult:
         try:
             out, err = proc.communicate(timeout=timeout)

@@ -59,6 +59,7 @@ class Stream:
         self._buf: list[bytes] = []
         self._buf_bytes = 0
         self._buf_since = 0.0
+        self._inflight: tuple[bytes, int] | None = None  # (frame, records): see _send_batch
         self._last_sent = time.monotonic()  # for heartbeats: silence means death to a remote logger
         self._seq = 0  # records numbered so far: sent or dropped
         self.dropped = 0
@@ -91,34 +92,44 @@ class Stream:
                 self._send_batch(0.0)
 
     def _send_batch(self, timeout: float) -> None:
-        try:
-            self._take_and_send(timeout)
-        finally:
-            # Our SIGTERM hook does not run inside _take_and_send (it would close the stream
-            # with this batch numbered but never sent: a whole batch lost); it runs now.
-            if _lifecycle.sigterm_deferred:
-                _lifecycle.deliver_deferred_sigterm()
-
-    def _take_and_send(self, timeout: float) -> None:
-        # Caller holds the lock. The buffer is swapped out and numbered before any call: a
-        # handler that interrupts us here (on this same thread) and flushes again then finds
-        # an empty buffer, so a batch is never sent twice or counted twice.
-        batch, self._buf = self._buf, []
-        first = self._seq
-        self._seq = first + len(batch)
-        self._buf_bytes = 0
-        if not batch:
-            return
-        if self._sock.send_within(_codec.encode_batch(first, batch), timeout):
-            self._last_sent = time.monotonic()
-        else:
-            self.dropped += len(batch)
-            if not self._warned_drop:
-                self._warned_drop = True
-                _warn(
-                    f"rank {self._rank_text()}: the logger is not taking records "
-                    f"(queue full or logger gone); dropping and counting them"
-                )
+        # Caller holds the lock: an RLock, because a signal handler running on this thread
+        # (the user's, calling finish()) may re-enter here while an outer call is mid-send.
+        # So a batch is numbered and parked in ``_inflight`` before any call that can be
+        # interrupted, and whoever runs first sends it: the handler's close() sends the parked
+        # batch before the newer records and the goodbye, and the interrupted call then sees
+        # it is no longer its own. The one remaining overlap (interrupted after its send
+        # returned, before it cleared the slot) sends the batch twice; the logger ignores
+        # numbers it has seen.
+        while True:
+            parked = self._inflight
+            if parked is None:
+                batch = self._buf
+                if not batch:
+                    return
+                first, count = self._seq, len(batch)
+                frame = _codec.encode_batch(first, batch)
+                if self._buf is not batch:
+                    continue  # a handler sent these while we encoded them
+                # No call from here until the batch is parked: a handler cannot run between.
+                self._buf = []
+                self._seq = first + count
+                self._buf_bytes = 0
+                parked = self._inflight = (frame, count)
+            sent = self._sock.send_within(parked[0], timeout)
+            if self._inflight is not parked:
+                return  # a handler sent it, and everything after it, while we were away
+            self._inflight = None
+            if sent:
+                self._last_sent = time.monotonic()
+            else:
+                self.dropped += parked[1]
+                if not self._warned_drop:
+                    self._warned_drop = True
+                    _warn(
+                        f"rank {self._rank_text()}: the logger is not taking records "
+                        f"(queue full or logger gone); dropping and counting them"
+                    )
+                timeout = 0.0  # what is left is numbered and counted now, not waited for
 
     def send_control(self, frame: bytes) -> bool:
         """Send a config/summary update after everything logged before it."""
@@ -162,6 +173,11 @@ class Stream:
     ) -> None:
         """Send what is left and a goodbye, wait for the logger's receipt; all within
         ``timeout`` seconds. Warns with numbers when anything may be missing from the run."""
+        # A signal landing meanwhile waits for the goodbye (its handler may exit the process).
+        with _lifecycle.signals_held():
+            self._close(reason, timeout, exit_code)
+
+    def _close(self, reason: str, timeout: float, exit_code: int) -> None:
         deadline = time.monotonic() + timeout
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             return
@@ -263,10 +279,7 @@ class Stream:
 
     @property
     def produced(self) -> int:
-        return self._seq + len(self._buf)
-
-
-_lifecycle.defer_sigterm_inside(Stream._take_and_send.__code__)
+        return self._seq + len(self._buf)  # parked records are numbered already
 
 
 def _warn(message: str) -> None:

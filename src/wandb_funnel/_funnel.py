@@ -315,15 +315,18 @@ class Funnel:
         """
         if os.getpid() != self.owner_pid:
             return  # a forked copy of the owner: the funnel is not ours to close
-        with self._close_lock:
-            if self._closed or self._proc is None:
-                return
-            self._closed = True
-        code = 0 if exit_code is None else int(exit_code)
-        self.exit_code = code
-        _lifecycle.remove_shutdown_callback(self._close_on_exit)
-        deadline = time.monotonic() + self._close_timeout
+        # Held from before the closed flag is set: a handler that runs before the hold closes
+        # the funnel itself (this call then finds it closed); one that lands after waits for
+        # the close, never cuts it short.
         with _lifecycle.signals_held():
+            with self._close_lock:
+                if self._closed or self._proc is None:
+                    return
+                self._closed = True
+            code = 0 if exit_code is None else int(exit_code)
+            self.exit_code = code
+            _lifecycle.remove_shutdown_callback(self._close_on_exit)
+            deadline = time.monotonic() + self._close_timeout
             try:
                 self._close_logger(code, deadline)
             finally:

@@ -1,42 +1,90 @@
 """Process lifecycle: exit hooks, the SIGTERM hook, exit codes, and whether a pid still lives.
 
-One SIGTERM handler per process runs every registered shutdown callback (flush this process's
-streams; close the funnel it owns) and then lets the signal do what it did before: a process
-that would have died of SIGTERM still dies of it, and a user's own handler still runs. The
-library never swallows a signal.
+Signal ownership (the README's table says the same to users). The library never swallows a
+signal and never displaces a handler it did not install:
+
+- Our SIGTERM hook is installed **once per process**, when the process first attaches, and only
+  over ``SIG_DFL`` or a Python handler; never over ``SIG_IGN``. A handler installed later (by
+  the user, Lightning, torchelastic) stays the installed one: we never put ours back.
+- Ours, when the signal itself calls it: a handler it replaced is chained (flush what is
+  buffered, then call that handler once; it decides whether and how the process ends); over
+  ``SIG_DFL`` it closes this process's streams and funnel (bounded) and then dies of SIGTERM.
+- Ours, when another handler calls it (a handler that chains to what it replaced): it flushes
+  and returns. That handler owns the decision; dying here would cut it short.
+- While a shutdown runs (``finish()``, ``close()``, the exit hooks) SIGINT and SIGTERM are held
+  and then delivered once each to whatever is installed by then: a Python handler is called
+  directly (so it runs exactly once, and its ``sys.exit(code)`` propagates from the call that
+  was closing), ``SIG_DFL`` kills, ``SIG_IGN`` ignores.
+- At interpreter exit a ``SystemExit`` raised by such a handler cannot change the exit status
+  (atexit swallows it); ``_keep_exit_code`` applies it once the other exit hooks have run.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing.util
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
-from . import _signal_watch
 from ._config import EXIT_EXCEPTION, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+
+# The exit status a signal's handler chose while our atexit hook ran: ("code", n) or
+# ("signal", signum). Applied by _keep_exit_code, registered here, before multiprocessing.util
+# is imported where possible, so that it runs after every hook registered later (LIFO).
+_forced_exit: tuple[str, int] | None = None
+
+
+def _keep_exit_code() -> None:
+    forced = _forced_exit
+    if forced is None or os.getpid() != _exit_hook_pid:
+        return
+    # Still ahead of us in the atexit list when multiprocessing.util was imported first:
+    # terminate and join children, as its own hook would.
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None and not getattr(mp_util, "_exiting", True):
+        with contextlib.suppress(Exception):
+            mp_util._exit_function()
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        with contextlib.suppress(Exception):
+            logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    kind, value = forced
+    if kind == "signal":
+        signal.signal(value, signal.SIG_DFL)
+        os.kill(os.getpid(), value)
+        value = 128 + value  # not reached unless the signal is blocked
+    os._exit(value)
+
+
+atexit.register(_keep_exit_code)
+
+import multiprocessing.util  # noqa: E402  (after the keeper: its atexit hook must run later)
+
+from . import _signal_watch  # noqa: E402
 
 ShutdownCallback = Callable[[int, str], None]  # (exit_code, reason)
 
 _callbacks: list[tuple[int, ShutdownCallback]] = []  # (priority, callback); low runs first
 _exit_hook_pid = -1
+_sigterm_hook_pid = -1  # the process that installed our SIGTERM hook (never again there)
 _previous_sigterm: Any = None
 sigterm_runs = 0  # times our SIGTERM hook ran (the signal watcher stops nudging once it has)
 
 
 def _reset_in_child() -> None:
-    # Callbacks registered by the parent belong to the parent's streams and funnel, and so
-    # does a SIGTERM the parent had deferred.
-    global _exit_hook_pid, sigterm_deferred
+    # Callbacks registered by the parent belong to the parent's streams and funnel.
+    global _exit_hook_pid, _sigterm_hook_pid, _forced_exit
     _callbacks.clear()
-    _exit_hook_pid = -1
-    sigterm_deferred = False
+    _exit_hook_pid = _sigterm_hook_pid = -1
+    _forced_exit = None
     # A forked child that never logs should meet SIGTERM as it would without this library
     # (a Pool worker dies of it at once); attaching installs the hook again.
     try:
@@ -65,34 +113,53 @@ def remove_shutdown_callback(callback: ShutdownCallback) -> None:
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """Hold SIGINT and SIGTERM back while the block runs, then re-deliver them.
+    """Hold SIGINT and SIGTERM back while the block runs, then deliver each once.
 
     A shutdown is bounded, and cut short it loses data: a Pool's terminate() often lands
     while its worker is already flushing on the way out, and a second Ctrl-C often lands
-    during close(). Held signals still do what they would have done, just after the flush.
-    Only the main thread can touch signal handlers; elsewhere this holds nothing.
+    during close(). Held signals still do what they would have done, just after the flush, and
+    to the handler installed by then (see ``deliver``). Nested blocks hold too: the outermost
+    delivers. Only the main thread can touch signal handlers; elsewhere this holds nothing.
     """
-    deferred: list[int] = []
+    held: list[int] = []
     saved: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
 
         def hold(signum: int, frame: FrameType | None) -> None:
-            if signum not in deferred:
-                deferred.append(signum)
+            if signum not in held:
+                held.append(signum)
 
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            current = signal.getsignal(signum)
-            if current is None or current == signal.SIG_IGN:
-                continue  # not installed from Python, or ignored: leave it alone
-            saved[signum] = current
-            signal.signal(signum, hold)
+        try:
+            for signum in (int(signal.SIGINT), int(signal.SIGTERM)):
+                current = signal.getsignal(signum)
+                if current is None or current == signal.SIG_IGN:
+                    continue  # not installed from Python, or ignored: leave it alone
+                signal.signal(signum, hold)
+                saved[signum] = current  # only once it is ours to put back
+        except BaseException:
+            for restored, handler in saved.items():
+                signal.signal(restored, handler)
+            raise
     try:
         yield
     finally:
-        for held, handler in saved.items():
-            signal.signal(held, handler)
-        for pending in deferred:
-            os.kill(os.getpid(), pending)
+        for restored, handler in saved.items():
+            signal.signal(restored, handler)
+        for pending in held:
+            deliver(pending)
+
+
+def deliver(signum: int) -> None:
+    """Do what a signal that landed just now would do: call the installed Python handler
+    directly (exactly once; what it raises propagates here), or die of ``SIG_DFL``."""
+    handler = signal.getsignal(signum)
+    if handler is _on_sigterm:
+        _handle_sigterm(signum, None)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
+    elif callable(handler):
+        handler(signum, sys._getframe(1))
+    # SIG_IGN, or not installed from Python: nothing happens, as with a real signal.
 
 
 def run_shutdown_callbacks(exit_code: int, reason: str) -> None:
@@ -139,14 +206,35 @@ def _hook_sys_exit() -> None:
     sys.exit = exit  # type: ignore[assignment]
 
 
-def _at_interpreter_exit() -> None:
-    if os.getpid() != _exit_hook_pid:
-        return  # inherited through fork: the parent's exit, not ours
+def _exit_code_now() -> int:
     # An uncaught exception leaves sys.last_value (3.11) / sys.last_exc (3.12+) behind.
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if exc is None and _sys_exit_status:
         exc = SystemExit(_sys_exit_status[0])
-    run_shutdown_callbacks(exit_code_from_exception(exc), "interpreter exit")
+    return exit_code_from_exception(exc)
+
+
+def _at_interpreter_exit() -> None:
+    """The atexit hook: finish this process's streams and funnel. A signal held meanwhile is
+    delivered at the end; what its handler raises cannot change the exit status from inside
+    atexit (CPython swallows it), so the keeper applies it after the other exit hooks."""
+    global _forced_exit
+    if os.getpid() != _exit_hook_pid:
+        return  # inherited through fork: the parent's exit, not ours
+    try:
+        run_shutdown_callbacks(_exit_code_now(), "interpreter exit")
+    except SystemExit as exc:
+        _forced_exit = ("code", exit_code_from_exception(exc))
+    except KeyboardInterrupt:
+        _forced_exit = ("signal", int(signal.SIGINT))  # as CPython ends on an uncaught one
+
+
+def _at_process_exit() -> None:
+    """The multiprocessing finalizer: a child leaving through ``os._exit`` (Process's
+    bootstrap) skips atexit. A handler's ``SystemExit`` propagates to the bootstrap, which
+    makes it the exit code."""
+    if os.getpid() == _exit_hook_pid:
+        run_shutdown_callbacks(_exit_code_now(), "interpreter exit")
 
 
 def _install_exit_hooks() -> None:
@@ -160,7 +248,7 @@ def _install_exit_hooks() -> None:
     atexit.register(_at_interpreter_exit)
     # multiprocessing children leave through os._exit(), which skips atexit; their
     # finalizers with an exit priority still run on the way out.
-    multiprocessing.util.Finalize(None, _at_interpreter_exit, exitpriority=100)
+    multiprocessing.util.Finalize(None, _at_process_exit, exitpriority=100)
     # A forkserver child that logs while its Process object is unpickled (the target's module
     # logs at import) registers that finalizer before multiprocessing's bootstrap clears them
     # all; the bootstrap then runs the after-fork hooks, and this one puts ours back.
@@ -178,14 +266,18 @@ def _reinstall_finalizer(_key: object) -> None:
     # Also called in a child forked from this process: not ours (its own hooks install on
     # its first use).
     if _exit_hook_pid == os.getpid():
-        multiprocessing.util.Finalize(None, _at_interpreter_exit, exitpriority=100)
+        multiprocessing.util.Finalize(None, _at_process_exit, exitpriority=100)
 
 
 def install_sigterm_hook() -> None:
-    """Hook SIGTERM in this process, once; only possible from the main thread."""
-    global _previous_sigterm
+    """Hook SIGTERM in this process: once (never over a handler installed after ours), and
+    only from the main thread."""
+    global _previous_sigterm, _sigterm_hook_pid
+    if _sigterm_hook_pid == os.getpid():
+        return
     if threading.current_thread() is not threading.main_thread():
         return
+    _sigterm_hook_pid = os.getpid()
     current = signal.getsignal(signal.SIGTERM)
     if current == signal.SIG_IGN:
         return  # the process chose to survive SIGTERM: nothing to do on it
@@ -195,50 +287,34 @@ def install_sigterm_hook() -> None:
     _signal_watch.arm(lambda: sigterm_runs)  # the handler runs even if SIGTERM lands badly
 
 
-# Code that our SIGTERM hook must not interrupt: found on the interrupted stack, so no counter
-# can be left stale by an exception (a Ctrl-C can be raised at the entry of any function).
-_deferring_codes: set[CodeType] = set()
-sigterm_deferred = False  # a SIGTERM is waiting for the main thread to leave such code
-
-
-def defer_sigterm_inside(code: CodeType) -> None:
-    """Our SIGTERM hook waits while the main thread runs ``code`` (which must then call
-    ``deliver_deferred_sigterm`` when ``sigterm_deferred`` is set, on its way out)."""
-    _deferring_codes.add(code)
-
-
-def _inside_deferring_code(frame: FrameType | None) -> bool:
-    while frame is not None:
-        if frame.f_code in _deferring_codes:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def deliver_deferred_sigterm() -> None:
-    """Run the hook for a SIGTERM deferred on this (main) thread: once, and directly (a new
-    signal would run a user's handler that chains to ours a second time)."""
-    global sigterm_deferred
-    if sigterm_deferred and threading.current_thread() is threading.main_thread():
-        sigterm_deferred = False
-        _on_sigterm(signal.SIGTERM, None)
-
-
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    global sigterm_deferred, sigterm_runs
-    if _deferring_codes and _inside_deferring_code(frame):
-        sigterm_deferred = True  # the main thread is inside a batch send: after it
+    # Called by the signal machinery, our caller is the interrupted frame; called by another
+    # handler that chains to what it replaced (Lightning's signal connector does), it is that
+    # handler's frame.
+    try:
+        caller = sys._getframe(1)
+    except ValueError:  # pragma: no cover - a signal with no Python frame at all
+        caller = None
+    if caller is not frame:
+        global sigterm_runs
+        sigterm_runs += 1
+        _flush_only()  # that handler decides what happens to the process
         return
+    _handle_sigterm(signum, frame)
+
+
+def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
+    global sigterm_runs
     sigterm_runs += 1
     previous = _previous_sigterm
     if callable(previous):
-        # The user's handler decides whether the process ends; we only make sure nothing
+        # The handler we chained decides whether the process ends; we only make sure nothing
         # buffered is lost if it does.
         _flush_only()
         previous(signum, frame)
         return
     run_shutdown_callbacks(EXIT_SIGTERM, "SIGTERM")
-    signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -246,7 +322,7 @@ _flush_callbacks: list[Callable[[], None]] = []
 
 
 def add_flush_callback(callback: Callable[[], None]) -> None:
-    """Run ``callback()`` (non-destructive) before a user's own SIGTERM handler."""
+    """Run ``callback()`` (non-destructive) before a chained SIGTERM handler."""
     if callback not in _flush_callbacks:
         _flush_callbacks.append(callback)
 

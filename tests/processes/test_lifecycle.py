@@ -220,7 +220,8 @@ def test_sigterm_during_a_batch_send_loses_nothing(scripts: Scripts, chained: bo
     """SIGTERM whose handler would run in the middle of a batch send (here it is raised from
     inside the send, at the worst moment): the batch still goes out before the shutdown, so
     every record logged reaches the run and none is counted as dropped. A handler the user
-    installed after ours, chaining to it (Lightning, submitit), still runs exactly once."""
+    installed after ours, chaining to it (Lightning, submitit), runs exactly once and decides
+    how the process ends: ours, called by it, only flushes."""
     res = scripts.run(PRELUDE + f"""
 from wandb_funnel import _codec
 from wandb_funnel._config import BATCH_RECORDS
@@ -232,10 +233,13 @@ def child():
         def users(signum, frame):
             print("USER_HANDLER", flush=True)
             ours(signum, frame)
+            sys.exit(143)
         signal.signal(signal.SIGTERM, users)
     encode = _codec.encode_batch
+    fired = []
     def encode_and_get_killed(first, records):
-        if len(records) == BATCH_RECORDS:  # the first full batch, sent from inside log()
+        if len(records) == BATCH_RECORDS and not fired:  # the first full batch, from log()
+            fired.append(1)
             os.kill(os.getpid(), signal.SIGTERM)
         return encode(first, records)
     _codec.encode_batch = encode_and_get_killed
@@ -252,7 +256,7 @@ if __name__ == "__main__":
 """)
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
-    assert info["exitcode"] == -signal.SIGTERM
+    assert info["exitcode"] == (143 if chained else -signal.SIGTERM)
     run = only_run(scripts.wandb_dir)
     # The SIGTERM landed at the batch's last log(): that whole batch was logged, then it died.
     assert [s for s, _ in run.column("c")] == list(range(BATCH_RECORDS))

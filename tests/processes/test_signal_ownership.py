@@ -1,0 +1,121 @@
+"""Signal ownership, held by a matrix of cases (the contract is the README's signal table).
+
+A handler installed before the funnel attaches is chained; one installed later stays the
+installed one. Either runs once per signal, and the exit code it chooses is the process's,
+wherever the signal lands: inside a batch send, inside ``finish()``, inside the funnel's exit
+hooks. ``SIG_DFL`` still kills, ``SIG_IGN`` still ignores, ``default_int_handler`` still
+raises ``KeyboardInterrupt``; and every record logged before the signal is in the run.
+
+Each case is tests/programs/signal_ownership.py, run in a fresh process tree;
+``WANDB_FUNNEL_TEST_REPEAT=N`` runs each case N times in a row (these are races).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+
+import pytest
+
+from tests.conftest import Scripts, reports
+from tests.wandb_reader import find_runs
+from wandb_funnel._config import BATCH_RECORDS
+
+pytestmark = pytest.mark.processes
+
+PROGRAM = pathlib.Path(__file__).parent.parent / "programs" / "signal_ownership.py"
+STEPS = BATCH_RECORDS + 20  # as in the program
+HANDLER_EXIT = 42
+REPEAT = int(os.environ.get("WANDB_FUNNEL_TEST_REPEAT", "1"))
+LANDS = ("training", "finish", "exit")
+
+
+def _cases() -> list[tuple[str, str, str, str, str, str]]:
+    """(role, method, handler, when, land, sig)"""
+    cases = []
+    for when in ("before-init", "after-init", "after-log", "dataloader"):
+        for land in LANDS:
+            for sig in ("TERM", "INT"):
+                cases.append(("owner", "-", "user", when, land, sig))
+    for land in LANDS:
+        for sig in ("TERM", "INT"):
+            cases.append(("owner", "-", "default", "after-init", land, sig))
+    cases.append(("owner", "-", "ignore", "after-init", "training", "TERM"))
+    for method in ("spawn", "fork", "forkserver"):
+        for when in ("before-init", "after-log"):
+            for land in LANDS:
+                for sig in ("TERM", "INT"):
+                    cases.append(("worker", method, "user", when, land, sig))
+        cases.append(("worker", method, "default", "after-init", "training", "TERM"))
+    for land in ("finish", "exit"):
+        cases.append(("worker", "spawn", "default", "after-init", land, "TERM"))
+    return cases
+
+
+def _expected_exit(role: str, handler: str, land: str, sig: str) -> int:
+    """The exit status the process would have with no funnel in it, the signal landing at
+    the same point of the program (the funnel only makes it wait for the flush)."""
+    if handler == "user":
+        return HANDLER_EXIT
+    if handler == "ignore":
+        return 0
+    if sig == "TERM":
+        return -signal.SIGTERM
+    # default_int_handler: KeyboardInterrupt. A multiprocessing child reports it as 1; a
+    # main process ends by SIGINT, as CPython does on an uncaught one.
+    return 1 if role == "worker" else -signal.SIGINT
+
+
+@pytest.mark.parametrize(
+    ("role", "method", "handler", "when", "land", "sig"),
+    _cases(),
+    ids=lambda v: str(v),
+)
+def test_signal_ownership(
+    scripts: Scripts, role: str, method: str, handler: str, when: str, land: str, sig: str
+) -> None:
+    if when == "dataloader":
+        pytest.importorskip("torch")
+    for attempt in range(REPEAT):
+        wandb_dir = scripts.tmp_path / f"attempt{attempt}"
+        wandb_dir.mkdir()
+        scripts.wandb_dir = wandb_dir
+        args = ["--role", role, "--handler", handler, "--when", when, "--land", land,
+                "--sig", sig]
+        if role == "worker":
+            args += ["--method", method]
+        res = scripts.run_file(PROGRAM, args, timeout=90)
+        where = f"attempt {attempt}: rc={res.returncode}\n{res.stdout}\n{res.stderr[-3000:]}"
+        info = reports(res.stdout)
+        handler_lines = [ln for ln in res.stdout.splitlines() if '"handler"' in ln]
+        fired = handler != "ignore"
+        expected = _expected_exit(role, handler, land, sig)
+
+        if role == "owner":
+            assert res.returncode == expected, where
+        else:
+            assert res.returncode == 0, where
+            assert info["child_exitcode"] == expected, where
+            assert info["stats"]["funnel/dropped_records"] == 0, where
+        # The user's handler: installed where they put it, run exactly once.
+        if handler == "user":
+            # Installed after the funnel: still the installed one. Before: ours chains it.
+            chained = when == "before-init" and sig == "TERM"
+            assert info.get("installed") is not chained, where
+            assert len(handler_lines) == 1, where
+        else:
+            assert handler_lines == [], where
+        # Every record logged before the signal is in the run; the run is finished.
+        runs = find_runs(wandb_dir)
+        assert len(runs) == 1, where
+        run = runs[0]
+        logged = BATCH_RECORDS if (land == "training" and fired) else STEPS
+        assert [s for s, _ in run.column("c")] == list(range(logged)), where
+        assert run.summary["funnel/dropped_records"] == 0, where
+        assert run.exit_code is not None, where
+        if role == "owner" and handler == "default" and land == "training":
+            assert run.exit_code == (143 if sig == "TERM" else 130), where
+        else:
+            assert run.exit_code == 0, where
+        assert res.leftovers == [], where
