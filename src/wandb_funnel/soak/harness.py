@@ -52,6 +52,7 @@ class Iteration:
     lost: int = 0  # negative: records in flight when a signal hit (see probe.attempt)
     lost_reason: str | None = None
     fault_done: bool = False
+    fault_after_end: bool = False  # it landed after the program's last line (program_end)
     closing_before_fault: bool = False  # see Scenario.run_exit_if_closing
     leftover_processes: list[str] = field(default_factory=list)
     leftover_sockets: list[str] = field(default_factory=list)
@@ -363,22 +364,37 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
         ev["event"] == "run_closing" and ev["t"] < fault.done_at + scenario.closing_window
         for ev in probe.read_events(events)
     )
+    it.fault_after_end = fault.done_at is not None and any(
+        ev["event"] == "program_end" and ev["t"] <= fault.done_at
+        for ev in probe.read_events(events)
+    )
     ends = [ev["t"] for ev in probe.read_events(events) if ev["event"] == "train_end"]
     t0 = fault.done_at if (fault.done_at and scenario.fault and scenario.fault.ends_training) \
         else (max(ends) if ends else None)
     if all_gone_at is not None and t0 is not None:
         it.exit_s = round(max(0.0, all_gone_at - t0), 3)
     it.rates = [round(ev["per_s"]) for ev in probe.read_events(events) if ev["event"] == "rate"]
-    if not plain and _expect_fault_effects(scenario, it) and it.owner_exit is not None \
-            and it.owner_exit not in scenario.owner_exit:
-        it.problems.append(f"owner exit code {it.owner_exit}, expected {scenario.owner_exit}")
+    if not plain and it.owner_exit is not None:
+        if _expect_fault_effects(scenario, it):
+            expected = scenario.owner_exit
+        elif it.fault_after_end:
+            # After the program's last line a signal meets CPython's own exit: its handler
+            # ran first (the scenario's code), or ran inside atexit, which swallows its
+            # SystemExit (0), or came after the handlers were gone (killed by the signal).
+            expected = (*scenario.owner_exit, 0, -signal.SIGTERM)
+        else:
+            expected = ()
+        if expected and it.owner_exit not in expected:
+            it.problems.append(f"owner exit code {it.owner_exit}, expected {expected}")
 
 
 def _expect_fault_effects(scenario: Scenario, it: Iteration) -> bool:
-    """False when the program ended before its fault was due: the exit codes the fault
-    would cause cannot be checked then. Such iterations are counted apart ("faults
-    missed"), so a soak that never hits its faults cannot pass for a green one."""
-    return scenario.fault is None or it.fault_done
+    """False when the program ended before its fault was due, or when the fault landed
+    after the program's last line (``program_end``: the interpreter's own exit, not the
+    product's): the exit codes the fault would cause cannot be checked then. Such iterations
+    are counted apart ("faults missed"), so a soak that never hits its faults cannot pass
+    for a green one."""
+    return scenario.fault is None or (it.fault_done and not it.fault_after_end)
 
 
 def _check_sockets(it: Iteration, tmp: str) -> None:

@@ -5,7 +5,9 @@
   exactly how many records every worker handed to the funnel, whoever died.
 - ``event(name, **fields)`` appends one JSON line (``t`` is wall-clock time): ``ready``
   (the harness may now inject its fault), ``train_end`` (training code is over; exit time
-  is counted from here), ``worker`` (a pid the harness may kill), and so on.
+  is counted from here), ``program_end`` (the program's last line ran: a fault that lands
+  later meets the interpreter's own exit, and counts as missed), ``worker`` (a pid the
+  harness may kill), and so on.
 - ``rng()`` is seeded by the harness, so an iteration's randomized timings can be replayed.
 """
 

@@ -45,7 +45,9 @@ def summarize(iterations: Iterable[Iteration]) -> list[dict[str, Any]]:
             "iterations": len(ours),
             "failed": sum(not i.ok for i in ours),
             "hangs": sum(i.hang for i in ours),
-            "faults_missed": sum(1 for i in ours if not i.fault_done and _has_fault(name)),
+            "faults_missed": sum(
+                1 for i in ours if (not i.fault_done or i.fault_after_end) and _has_fault(name)
+            ),
             "exit_p50_s": _quantile(exits, 0.5),
             "exit_p95_s": _quantile(exits, 0.95),
             "exit_max_s": exits[-1] if exits else None,

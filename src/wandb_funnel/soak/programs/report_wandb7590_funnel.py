@@ -86,6 +86,7 @@ def main() -> None:
     probe.event("train_end")
     logger.info("Training finished")
     wf.finish()
+    probe.event("program_end")  # a SIGTERM after this meets CPython's exit, not ours
 
 
 if __name__ == "__main__":
