@@ -98,8 +98,8 @@ class Stream:
         # interrupted, and whoever runs first sends it: the handler's close() sends the parked
         # batch before the newer records and the goodbye, and the interrupted call then sees
         # it is no longer its own. The one remaining overlap (interrupted after its send
-        # returned, before it cleared the slot) sends the batch twice; the logger ignores
-        # numbers it has seen.
+        # returned, before it cleared the slot) sends the batch twice; the logger takes the
+        # numbers once and counts the replay as one junk frame.
         while True:
             parked = self._inflight
             if parked is None:

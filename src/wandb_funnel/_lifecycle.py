@@ -221,10 +221,13 @@ def _at_interpreter_exit() -> None:
     global _forced_exit
     if os.getpid() != _exit_hook_pid:
         return  # inherited through fork: the parent's exit, not ours
+    natural = _exit_code_now()
     try:
-        run_shutdown_callbacks(_exit_code_now(), "interpreter exit")
+        run_shutdown_callbacks(natural, "interpreter exit")
     except SystemExit as exc:
-        _forced_exit = ("code", exit_code_from_exception(exc))
+        chosen = exit_code_from_exception(exc)
+        if chosen != natural:  # the same code needs no help, and skips no exit hook
+            _forced_exit = ("code", chosen)
     except KeyboardInterrupt:
         _forced_exit = ("signal", int(signal.SIGINT))  # as CPython ends on an uncaught one
 

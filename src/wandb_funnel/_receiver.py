@@ -291,8 +291,7 @@ class Receiver(threading.Thread):
     ) -> None:
         """Number a batch of ``count`` records; ``records`` None: skipped for want of room."""
         if first_seq < peer.next_seq:
-            # Numbers already seen: a batch sent twice when a signal handler on the worker's
-            # main thread re-entered its send (see Stream._send_batch). Not junk, not new.
+            self.junk_frames += 1  # a replay of numbers already seen
             return
         if first_seq > peer.next_seq:  # the worker dropped (and counted) these
             self._drop(first_seq - peer.next_seq, "a worker's queue was full", peer.rank)

@@ -1,0 +1,122 @@
+"""The signal rules of ``_lifecycle``, in this process (no funnel, no other process): held
+signals are delivered once, to the handler installed by then; our hook chains a handler it
+replaced, and only flushes when another handler calls it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+
+from wandb_funnel import _lifecycle
+
+
+@pytest.fixture
+def restore_signals() -> Iterator[None]:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous, hook_pid = _lifecycle._previous_sigterm, _lifecycle._sigterm_hook_pid
+    flushes = list(_lifecycle._flush_callbacks)
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+    _lifecycle._previous_sigterm, _lifecycle._sigterm_hook_pid = previous, hook_pid
+    _lifecycle._flush_callbacks[:] = flushes
+
+
+def _land(signum: int) -> None:
+    """Send ``signum`` to this process and let the main thread run its Python handler."""
+    os.kill(os.getpid(), signum)
+    for _ in range(3):
+        pass  # bytecode: CPython checks for pending signals here
+
+
+@pytest.mark.usefixtures("restore_signals")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_held_signals_run_the_handler_once_after_the_block(signum: int) -> None:
+    calls: list[int] = []
+    signal.signal(signum, lambda s, f: calls.append(s))
+    with _lifecycle.signals_held():
+        _land(signum)
+        _land(signum)  # two while held: still one delivery (a signal is not a queue)
+        assert calls == []
+        assert signal.getsignal(signum) is not None
+    assert calls == [signum]
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_systemexit_from_a_held_handler_propagates_from_the_block() -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, handler)
+    with pytest.raises(SystemExit) as exc, _lifecycle.signals_held():
+        _land(signal.SIGTERM)
+    assert exc.value.code == 143
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_default_int_handler_still_raises_keyboardinterrupt_after_the_hold() -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with pytest.raises(KeyboardInterrupt), _lifecycle.signals_held():
+        _land(signal.SIGINT)
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_ignored_signals_are_left_alone() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with _lifecycle.signals_held():
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        _land(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_hook_installs_once_and_never_over_a_later_handler() -> None:
+    _lifecycle._sigterm_hook_pid = -1
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _lifecycle.install_sigterm_hook()
+    assert signal.getsignal(signal.SIGTERM) is _lifecycle._on_sigterm
+
+    def mine(signum: int, frame: FrameType | None) -> None:
+        pass
+
+    signal.signal(signal.SIGTERM, mine)
+    _lifecycle.install_sigterm_hook()  # a second stream, a later init(): never again
+    assert signal.getsignal(signal.SIGTERM) is mine
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_hook_chains_a_handler_it_replaced_after_flushing() -> None:
+    order: list[str] = []
+    _lifecycle._sigterm_hook_pid = -1
+    signal.signal(signal.SIGTERM, lambda s, f: order.append("user"))
+    _lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
+    _lifecycle.install_sigterm_hook()
+    _land(signal.SIGTERM)
+    assert order == ["flush", "user"]
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_hook_called_by_another_handler_only_flushes() -> None:
+    """Lightning's connector calls the handlers it found; ours must not end the process
+    (over SIG_DFL it would close everything and kill itself) under the caller."""
+    order: list[str] = []
+    _lifecycle._sigterm_hook_pid = -1
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
+    _lifecycle.install_sigterm_hook()
+    ours = signal.getsignal(signal.SIGTERM)
+    assert callable(ours)
+
+    def composed(signum: int, frame: FrameType | None) -> None:
+        order.append("theirs")
+        ours(signum, frame)
+        order.append("after ours")
+
+    signal.signal(signal.SIGTERM, composed)
+    _land(signal.SIGTERM)  # still alive: ours did not re-raise SIGTERM with SIG_DFL
+    assert order == ["theirs", "flush", "after ours"]
