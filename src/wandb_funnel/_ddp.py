@@ -150,6 +150,12 @@ def init_distributed(
         run = Run(info, requested_rank=env.rank)
         run._on_finish = lambda: _restore_env(saved)
         if not run._attach(timeout):
+            if not run._live_stream().logger_alive():
+                raise LoggerStartError(
+                    f"wandb_funnel: the logger at {info.address} (pid {info.logger_pid}) is "
+                    f"gone: the run was closed before rank {env.rank} attached (the hosting "
+                    f"rank finished it, or died)"
+                )
             raise LoggerStartError(
                 f"wandb_funnel: the logger at {info.address} did not answer rank {env.rank} "
                 f"within {timeout:.0f}s"

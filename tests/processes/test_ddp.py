@@ -36,6 +36,10 @@ rank, world = dist.get_rank(), dist.get_world_size()
 # about what is merged, not about how long a straggler may hold rows (tested elsewhere).
 run = wf.init(project="t", id="base", run_mode=mode, rank_scope=scope, reduce={{"tput": "sum"}},
               reorder_window=30)
+# As a DDP training step would (its allreduce): no rank logs before every rank attached. The
+# merge at step 0 is promised for ranks that synchronise after init; without this, rank 0
+# on a loaded box logged all its steps and finished the run before ranks 2 and 3 attached.
+dist.barrier()
 report(rank=rank, run_id=run.id)
 gathered = []
 for step in range({STEPS}):
