@@ -120,3 +120,60 @@ def test_hook_called_by_another_handler_only_flushes() -> None:
     signal.signal(signal.SIGTERM, composed)
     _land(signal.SIGTERM)  # still alive: ours did not re-raise SIGTERM with SIG_DFL
     assert order == ["theirs", "flush", "after ours"]
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_a_chain_through_our_hook_still_runs_the_handler_we_replaced() -> None:
+    """A requeue handler installed before the funnel, then Lightning's connector calling the
+    handler it found (ours): the requeue handler still runs, once, after the flush."""
+    order: list[str] = []
+    _lifecycle._sigterm_hook_pid = -1
+    signal.signal(signal.SIGTERM, lambda s, f: order.append("requeue"))
+    _lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
+    _lifecycle.install_sigterm_hook()
+    ours = signal.getsignal(signal.SIGTERM)
+    assert callable(ours)
+
+    def composed(signum: int, frame: FrameType | None) -> None:
+        order.append("lightning")
+        ours(signum, frame)
+
+    signal.signal(signal.SIGTERM, composed)
+    _land(signal.SIGTERM)
+    assert order == ["lightning", "flush", "requeue"]
+
+
+def test_every_shutdown_step_runs_when_one_raises_systemexit() -> None:
+    """A handler of a signal we do not hold (SIGUSR1) exiting inside a step: the later steps
+    (the funnel's close) still run, then the exit goes on."""
+    ran: list[str] = []
+
+    def exits(code: int, reason: str) -> None:
+        ran.append("streams")
+        raise SystemExit(7)
+
+    saved = list(_lifecycle._callbacks)
+    _lifecycle._callbacks[:] = [(0, exits), (10, lambda c, r: ran.append("funnel"))]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            _lifecycle.run_shutdown_callbacks(0, "test")
+    finally:
+        _lifecycle._callbacks[:] = saved
+    assert ran == ["streams", "funnel"] and exc.value.code == 7
+
+
+@pytest.mark.usefixtures("restore_signals")
+def test_both_held_signals_are_delivered_and_handlers_restored_when_one_raises() -> None:
+    calls: list[int] = []
+
+    def term(signum: int, frame: FrameType | None) -> None:
+        calls.append(signum)
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, term)
+    with pytest.raises(KeyboardInterrupt), _lifecycle.signals_held():
+        _land(signal.SIGINT)
+        _land(signal.SIGTERM)
+    assert calls == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is term
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -108,13 +108,16 @@ class Stream:
                     return
                 first, count = self._seq, len(batch)
                 frame = _codec.encode_batch(first, batch)
-                if self._buf is not batch:
-                    continue  # a handler sent these while we encoded them
-                # No call from here until the batch is parked: a handler cannot run between.
-                self._buf = []
+                # Allocated before the check (an allocation may run the GC, and a __del__ a
+                # pending handler); from the check on, only stores: no handler runs between.
+                fresh: list[bytes] = []
+                parked = (frame, count)
+                if self._buf is not batch or len(batch) != count:
+                    continue  # a handler sent these, or logged more, while we encoded them
+                self._buf = fresh
                 self._seq = first + count
                 self._buf_bytes = 0
-                parked = self._inflight = (frame, count)
+                self._inflight = parked
             sent = self._sock.send_within(parked[0], timeout)
             if self._inflight is not parked:
                 return  # a handler sent it, and everything after it, while we were away

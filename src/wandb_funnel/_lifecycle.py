@@ -76,6 +76,7 @@ _callbacks: list[tuple[int, ShutdownCallback]] = []  # (priority, callback); low
 _exit_hook_pid = -1
 _sigterm_hook_pid = -1  # the process that installed our SIGTERM hook (never again there)
 _previous_sigterm: Any = None
+_first_seen: tuple[int, Any] | None = None  # (pid, SIGTERM's handler) at a first attach off-main
 sigterm_runs = 0  # times our SIGTERM hook ran (the signal watcher stops nudging once it has)
 
 
@@ -143,10 +144,24 @@ def signals_held() -> Iterator[None]:
     try:
         yield
     finally:
+        # signal.signal() runs pending handlers before it swaps: a Ctrl-C landing right after
+        # SIGINT is restored raises out of SIGTERM's restore. Every handler is put back, every
+        # held signal delivered, and the first exception raised at the end.
+        first: BaseException | None = None
         for restored, handler in saved.items():
-            signal.signal(restored, handler)
+            for _ in range(2):
+                try:
+                    signal.signal(restored, handler)
+                    break
+                except BaseException as exc:  # from a handler run on the way in; swap again
+                    first = first or exc
         for pending in held:
-            deliver(pending)
+            try:
+                deliver(pending)
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
 
 def deliver(signum: int) -> None:
@@ -165,6 +180,7 @@ def deliver(signum: int) -> None:
 def run_shutdown_callbacks(exit_code: int, reason: str) -> None:
     """Run (and forget) every callback, with signals held; each runs once, and a failing one
     never stops the rest."""
+    stop: BaseException | None = None
     with signals_held():
         while _callbacks:
             _, callback = _callbacks.pop(0)
@@ -172,6 +188,12 @@ def run_shutdown_callbacks(exit_code: int, reason: str) -> None:
                 callback(exit_code, reason)
             except Exception as exc:  # the logging side never fails the user's exit
                 print(f"wandb-funnel: shutdown step failed: {exc!r}", file=sys.stderr)
+            except BaseException as exc:
+                # A handler of a signal we do not hold (SIGUSR1, SIGHUP) asked to exit: the
+                # remaining steps (the funnel's close) still run, then its exit goes on.
+                stop = stop or exc
+    if stop is not None:
+        raise stop
 
 
 def exit_code_from_exception(exc: BaseException | None) -> int:
@@ -232,12 +254,29 @@ def _at_interpreter_exit() -> None:
         _forced_exit = ("signal", int(signal.SIGINT))  # as CPython ends on an uncaught one
 
 
+_deferred_exit: BaseException | None = None
+
+
 def _at_process_exit() -> None:
     """The multiprocessing finalizer: a child leaving through ``os._exit`` (Process's
-    bootstrap) skips atexit. A handler's ``SystemExit`` propagates to the bootstrap, which
-    makes it the exit code."""
+    bootstrap) skips atexit. What a held signal's handler raises waits for
+    ``_reraise_at_process_end``: raised here it would skip multiprocessing's remaining exit
+    work (a Queue's feeder join, daemon children's terminate)."""
+    global _deferred_exit
     if os.getpid() == _exit_hook_pid:
-        run_shutdown_callbacks(_exit_code_now(), "interpreter exit")
+        try:
+            run_shutdown_callbacks(_exit_code_now(), "interpreter exit")
+        except (SystemExit, KeyboardInterrupt) as exc:
+            _deferred_exit = exc
+
+
+def _reraise_at_process_end() -> None:
+    """The last finalizer: Process's bootstrap turns a SystemExit from here into the exit
+    code, as it would have from the handler without the funnel."""
+    global _deferred_exit
+    exc, _deferred_exit = _deferred_exit, None
+    if exc is not None and os.getpid() == _exit_hook_pid:
+        raise exc
 
 
 def _install_exit_hooks() -> None:
@@ -252,6 +291,7 @@ def _install_exit_hooks() -> None:
     # multiprocessing children leave through os._exit(), which skips atexit; their
     # finalizers with an exit priority still run on the way out.
     multiprocessing.util.Finalize(None, _at_process_exit, exitpriority=100)
+    multiprocessing.util.Finalize(None, _reraise_at_process_end, exitpriority=-1000)
     # A forkserver child that logs while its Process object is unpickled (the target's module
     # logs at import) registers that finalizer before multiprocessing's bootstrap clears them
     # all; the bootstrap then runs the after-fork hooks, and this one puts ours back.
@@ -270,18 +310,25 @@ def _reinstall_finalizer(_key: object) -> None:
     # its first use).
     if _exit_hook_pid == os.getpid():
         multiprocessing.util.Finalize(None, _at_process_exit, exitpriority=100)
+        multiprocessing.util.Finalize(None, _reraise_at_process_end, exitpriority=-1000)
 
 
 def install_sigterm_hook() -> None:
     """Hook SIGTERM in this process: once (never over a handler installed after ours), and
     only from the main thread."""
-    global _previous_sigterm, _sigterm_hook_pid
+    global _previous_sigterm, _sigterm_hook_pid, _first_seen
     if _sigterm_hook_pid == os.getpid():
         return
+    current = signal.getsignal(signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread():
+        # Attached from a thread: the main thread installs later, unless the process has
+        # installed a handler of its own since (that one would be displaced).
+        if _first_seen is None or _first_seen[0] != os.getpid():
+            _first_seen = (os.getpid(), current)
         return
     _sigterm_hook_pid = os.getpid()
-    current = signal.getsignal(signal.SIGTERM)
+    if _first_seen is not None and _first_seen[0] == os.getpid() and _first_seen[1] is not current:
+        return
     if current == signal.SIG_IGN:
         return  # the process chose to survive SIGTERM: nothing to do on it
     if current is not _on_sigterm:
@@ -299,11 +346,23 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     except ValueError:  # pragma: no cover - a signal with no Python frame at all
         caller = None
     if caller is not frame:
-        global sigterm_runs
+        # That handler decides what happens to the process; a handler we replaced still
+        # runs (installed before us, it would have been in the chain without us).
+        global sigterm_runs, _chaining
         sigterm_runs += 1
-        _flush_only()  # that handler decides what happens to the process
+        _flush_only()
+        previous = _previous_sigterm
+        if callable(previous) and not _chaining:
+            _chaining = True  # a chain that loops back to us (ours -> h -> ours) ends here
+            try:
+                previous(signum, frame)
+            finally:
+                _chaining = False
         return
     _handle_sigterm(signum, frame)
+
+
+_chaining = False
 
 
 def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -313,8 +372,13 @@ def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
     if callable(previous):
         # The handler we chained decides whether the process ends; we only make sure nothing
         # buffered is lost if it does.
+        global _chaining
         _flush_only()
-        previous(signum, frame)
+        _chaining = True  # should it call us back (ours -> h -> ours), we only flush
+        try:
+            previous(signum, frame)
+        finally:
+            _chaining = False
         return
     run_shutdown_callbacks(EXIT_SIGTERM, "SIGTERM")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)

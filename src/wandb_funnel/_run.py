@@ -219,6 +219,14 @@ class Run:
     # -- the end -------------------------------------------------------------------------------
     def finish(self, exit_code: int | None = None) -> None:
         """End this rank's stream (the owner's: close the whole funnel). Idempotent."""
+        from ._lifecycle import signals_held  # loaded with the stream already
+
+        # Held from before the flag is set: a handler landing in between would otherwise get
+        # a finish() that does nothing, while this one has not closed anything yet.
+        with signals_held():
+            self._finish(exit_code)
+
+    def _finish(self, exit_code: int | None) -> None:
         if self._finished:
             return
         self._finished = True

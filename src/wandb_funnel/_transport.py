@@ -139,22 +139,31 @@ class ClientSocket:
             self._sock.close(linger=0)
             raise ValueError(f"wandb_funnel: cannot connect to {endpoint!r}: {exc}") from exc
         self._closed = False
+        self._busy = 0  # calls into pyzmq in progress on this (the caller's) thread
+        self._close_linger: int | None = None  # a close that waits for them, in ms
+
+    # A signal handler on this thread may close us (the user's finish()) while a call below
+    # is inside pyzmq, which retries an interrupted system call on the same handle: the close
+    # waits until the outermost call returns (``_busy``), and that call then reports closed.
 
     def try_send(self, frame: bytes) -> bool:
         """Queue ``frame`` without waiting; False when the queue is full (or we are closed)."""
         if self._closed:
             return False
+        self._busy += 1
         try:
             self._sock.send(frame, zmq.NOBLOCK, copy=False)
             return True
         except zmq.Again:
             return False
+        finally:
+            self._unbusy()
 
     def send_within(self, frame: bytes, timeout: float) -> bool:
         """Queue ``frame``, waiting at most ``timeout`` seconds for room."""
         if self.try_send(frame):
             return True
-        if self._closed or timeout <= 0 or not self._sock.poll(int(timeout * 1000), zmq.POLLOUT):
+        if self._closed or timeout <= 0 or not self._poll(timeout, zmq.POLLOUT):
             return False
         return self.try_send(frame)
 
@@ -162,17 +171,38 @@ class ClientSocket:
         """The next reply frame, waiting at most ``timeout`` seconds."""
         if self._closed:
             return None
-        if timeout > 0 and not self._sock.poll(int(timeout * 1000), zmq.POLLIN):
+        if timeout > 0 and not self._poll(timeout, zmq.POLLIN):
             return None
+        if self._closed:
+            return None
+        self._busy += 1
         try:
             return self._sock.recv(zmq.NOBLOCK)
         except zmq.Again:
             return None
+        finally:
+            self._unbusy()
+
+    def _poll(self, timeout: float, events: int) -> bool:
+        self._busy += 1
+        try:
+            return bool(self._sock.poll(int(timeout * 1000), events)) and not self._closed
+        finally:
+            self._unbusy()
+
+    def _unbusy(self) -> None:
+        self._busy -= 1
+        if not self._busy and self._close_linger is not None:
+            linger, self._close_linger = self._close_linger, None
+            self._sock.close(linger=linger)
 
     def close(self, linger: float) -> None:
         if not self._closed:
             self._closed = True
-            self._sock.close(linger=max(0, int(linger * 1000)))
+            if self._busy:
+                self._close_linger = max(0, int(linger * 1000))  # see _busy
+            else:
+                self._sock.close(linger=max(0, int(linger * 1000)))
 
 
 class _OnlyOurClients:

@@ -50,15 +50,30 @@ def _cases() -> list[tuple[str, str, str, str, str, str]]:
         cases.append(("worker", method, "default", "after-init", "training", "TERM"))
     for land in ("finish", "exit"):
         cases.append(("worker", "spawn", "default", "after-init", land, "TERM"))
+    # The batch numbered and parked when the signal lands: the handler's finish() sends it.
+    for when in ("before-init", "after-log"):
+        for sig in ("TERM", "INT"):
+            cases.append(("owner", "-", "user", when, "send", sig))
+    for method in ("spawn", "fork", "forkserver"):
+        cases.append(("worker", method, "user", "after-log", "send", "TERM"))
+    # A handler that returns (Lightning's flag): training goes on, nothing is lost.
+    for land in ("training", "send", "finish", "exit"):
+        cases.append(("owner", "-", "flag", "after-log", land, "TERM"))
+    cases.append(("worker", "fork", "flag", "after-log", "training", "TERM"))
+    # A handler installed before the funnel, then a composer (Lightning's connector) that
+    # calls what it found: the funnel's hook, which must still run the first handler.
+    for land in ("training", "send", "finish", "exit"):
+        cases.append(("owner", "-", "chain", "after-log", land, "TERM"))
+    cases.append(("worker", "spawn", "chain", "after-log", "training", "TERM"))
     return cases
 
 
 def _expected_exit(role: str, handler: str, land: str, sig: str) -> int:
     """The exit status the process would have with no funnel in it, the signal landing at
     the same point of the program (the funnel only makes it wait for the flush)."""
-    if handler == "user":
+    if handler in ("user", "chain"):
         return HANDLER_EXIT
-    if handler == "ignore":
+    if handler in ("ignore", "flag"):
         return 0
     if sig == "TERM":
         return -signal.SIGTERM
@@ -89,7 +104,8 @@ def test_signal_ownership(
         where = f"attempt {attempt}: rc={res.returncode}\n{res.stdout}\n{res.stderr[-3000:]}"
         info = reports(res.stdout)
         handler_lines = [ln for ln in res.stdout.splitlines() if '"handler"' in ln]
-        fired = handler != "ignore"
+        composer_lines = [ln for ln in res.stdout.splitlines() if '"composer"' in ln]
+        ends_process = handler not in ("ignore", "flag")  # the signal ends the process
         expected = _expected_exit(role, handler, land, sig)
 
         if role == "owner":
@@ -99,22 +115,27 @@ def test_signal_ownership(
             assert info["child_exitcode"] == expected, where
             assert info["stats"]["funnel/dropped_records"] == 0, where
         # The user's handler: installed where they put it, run exactly once.
-        if handler == "user":
+        if handler in ("user", "flag", "chain"):
             # Installed after the funnel: still the installed one. Before: ours chains it.
             chained = when == "before-init" and sig == "TERM"
             assert info.get("installed") is not chained, where
+            if "installed_end" in info:  # still theirs after finish() / close()
+                assert info["installed_end"] is not chained, where
             assert len(handler_lines) == 1, where
+            assert len(composer_lines) == (1 if handler == "chain" else 0), where
         else:
+            assert info.get("fired") == land, where  # the signal was sent, and did nothing
             assert handler_lines == [], where
         # Every record logged before the signal is in the run; the run is finished.
         runs = find_runs(wandb_dir)
         assert len(runs) == 1, where
         run = runs[0]
-        logged = BATCH_RECORDS if (land == "training" and fired) else STEPS
+        early = land in ("training", "send") and ends_process  # ended inside a log()
+        logged = BATCH_RECORDS if early else STEPS
         assert [s for s, _ in run.column("c")] == list(range(logged)), where
         assert run.summary["funnel/dropped_records"] == 0, where
         assert run.exit_code is not None, where
-        if role == "owner" and handler == "default" and land == "training":
+        if role == "owner" and handler == "default" and land in ("training", "send"):
             assert run.exit_code == (143 if sig == "TERM" else 130), where
         else:
             assert run.exit_code == 0, where

@@ -6,6 +6,7 @@ contract in the README's signal table. The signal is sent by the process to itse
 inside the funnel, at the worst places, so every run takes the same path:
 
 - ``training``: inside ``log()``, while the first full batch is being encoded for sending;
+- ``send``: inside ``log()``, once that batch is numbered and parked, as it goes to the socket;
 - ``finish`` / ``exit``: inside the stream's close, while it waits for the logger's receipt,
   during the program's own ``finish()`` or, with no ``finish()``, the funnel's exit hooks.
 
@@ -46,12 +47,33 @@ def users_handler(signum: int, frame: FrameType | None) -> None:
     sys.exit(HANDLER_EXIT)
 
 
+def flag_handler(signum: int, frame: FrameType | None) -> None:
+    """A handler that returns (Lightning's: set a flag, stop at the next step boundary)."""
+    report(handler=f"{os.getpid()}:{signum}")
+
+
 def install(handler: str, signum: int) -> None:
     if handler == "user":
         signal.signal(signum, users_handler)
+    elif handler == "flag":
+        signal.signal(signum, flag_handler)
     elif handler == "ignore":
         signal.signal(signum, signal.SIG_IGN)
     # "default": leave SIG_DFL (SIGTERM) or default_int_handler (SIGINT) in place
+
+
+def install_composer(signum: int) -> None:
+    """Lightning's signal connector: a handler that calls the one it found (here the funnel's
+    hook, which chains the user's handler installed before the funnel)."""
+    found = signal.getsignal(signum)
+    assert callable(found)
+
+    def composed(s: int, f: FrameType | None) -> None:
+        report(composer=os.getpid())
+        found(s, f)
+
+    signal.signal(signum, composed)
+    report(composer_installed=True)
 
 
 def land_inside_funnel(land: str, signum: int) -> None:
@@ -64,7 +86,18 @@ def land_inside_funnel(land: str, signum: int) -> None:
             report(fired=land)
             os.kill(os.getpid(), signum)
 
-    if land == "training":
+    if land == "send":
+        from wandb_funnel import _transport
+
+        send_within = _transport.ClientSocket.send_within
+
+        def send_and_fire(self: _transport.ClientSocket, frame: bytes, timeout: float) -> bool:
+            if len(frame) > 1000:  # a full batch, numbered and parked: the handler sends it
+                fire()
+            return send_within(self, frame, timeout)
+
+        _transport.ClientSocket.send_within = send_and_fire  # type: ignore[method-assign]
+    elif land == "training":
         encode: Callable[[int, list[bytes]], bytes] = _codec.encode_batch
 
         def encode_and_fire(first: int, records: list[bytes]) -> bytes:
@@ -85,8 +118,9 @@ def land_inside_funnel(land: str, signum: int) -> None:
 
 def train(args: argparse.Namespace, signum: int, loader: Any = None) -> None:
     """Log STEPS steps, installing the handler at ``--when``; finish unless landing at exit."""
-    if args.when == "before-init":
-        install(args.handler, signum)
+    chain = args.handler == "chain"
+    if args.when == "before-init" or chain:
+        install("user" if chain else args.handler, signum)
     run = wf.init(project="signals") if args.role == "owner" else wf.init()
     if args.when == "after-init":
         install(args.handler, signum)
@@ -95,15 +129,25 @@ def train(args: argparse.Namespace, signum: int, loader: Any = None) -> None:
         if batches is not None and step < 8:
             next(batches)  # a few only: the workers stay up, and log() still fills batches
         run.log({"c": step}, step=step)
-        if step == 0 and args.when in ("after-log", "dataloader"):
+        if step == 0 and args.when in ("after-log", "dataloader") and not chain:
             install(args.handler, signum)
+        if step == 0 and chain:
+            install_composer(signum)
         if step == 0:
             land_inside_funnel(args.land, signum)
-            report(installed=signal.getsignal(signum) is users_handler)
+            report(installed=_installed(signum))
     report(logged=STEPS)
     if args.land != "exit":
         wf.finish()
-    report(returned=True)
+    report(returned=True, installed_end=_installed(signum))
+
+
+def _installed(signum: int) -> bool:
+    """Whether the handler this program installed last is the installed one."""
+    current = signal.getsignal(signum)
+    return current in (users_handler, flag_handler) or getattr(current, "__name__", "") == (
+        "composed"
+    )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -121,12 +165,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--role", choices=["owner", "worker"], required=True)
     parser.add_argument("--method", choices=["spawn", "fork", "forkserver"], default="spawn")
-    parser.add_argument("--handler", choices=["user", "default", "ignore"], default="user")
+    parser.add_argument(
+        "--handler", choices=["user", "flag", "chain", "default", "ignore"], default="user"
+    )
     parser.add_argument(
         "--when", choices=["before-init", "after-init", "after-log", "dataloader"],
         default="after-init",
     )
-    parser.add_argument("--land", choices=["training", "finish", "exit"], required=True)
+    parser.add_argument("--land", choices=["training", "send", "finish", "exit"], required=True)
     parser.add_argument("--sig", choices=["TERM", "INT"], default="TERM")
     args = parser.parse_args()
     signum = getattr(signal, f"SIG{args.sig}")
