@@ -135,7 +135,7 @@ SCENARIOS: list[Scenario] = [
                       "lost", plain="report_wandb9963_plain.py"),
     Scenario("report-wandb7590", "wandb/wandb#7590: finish() inside a SIGTERM handler",
              "report_wandb7590_funnel.py", needs=("torch",), deadline=120, owner_exit=(143,),
-             fault=Fault("sigterm-owner", delay=(0.5, 2.0)), plain="report_wandb7590_plain.py"),
+             fault=Fault("sigterm-owner", delay=(0.3, 1.5)), plain="report_wandb7590_plain.py"),
     Scenario("report-wandb919", "wandb/wandb#919: offline on a cluster, the job must end",
              "report_wandb919_funnel.py", needs=("torch",), deadline=120,
              plain="report_wandb919_plain.py"),
