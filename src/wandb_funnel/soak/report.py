@@ -13,7 +13,7 @@ from .harness import Iteration
 
 COLUMNS = [
     ("scenario", "scenario"), ("iterations", "iters"), ("failed", "failed"), ("hangs", "hangs"),
-    ("faults_missed", "faults missed"),
+    ("faults_missed", "faults missed"), ("known_aborts", "known aborts"),
     ("exit_p50_s", "exit p50 s"), ("exit_p95_s", "exit p95 s"), ("exit_max_s", "exit max s"),
     ("sent", "sent"), ("logged", "logged"), ("dropped", "dropped"), ("lost", "lost"),
     ("leftover_processes", "procs left"), ("leftover_sockets", "sockets left"),
@@ -48,6 +48,7 @@ def summarize(iterations: Iterable[Iteration]) -> list[dict[str, Any]]:
             "faults_missed": sum(
                 1 for i in ours if (not i.fault_done or i.fault_after_end) and _has_fault(name)
             ),
+            "known_aborts": sum(i.known_abort for i in ours),
             "exit_p50_s": _quantile(exits, 0.5),
             "exit_p95_s": _quantile(exits, 0.95),
             "exit_max_s": exits[-1] if exits else None,

@@ -57,6 +57,10 @@ class Scenario:
     # began closing 1 ms after the signal to torchrun, 4 ms before torchrun forwarded it).
     closing_window: float = 0.0
     runs: int = 1  # how many .wandb runs the job writes
+    # A dependency's own crash, root-caused and reproduced without wandb at all: a wrong owner
+    # exit code with this text in the job's stderr is counted apart ("known aborts"), and the
+    # iteration still has to pass every other check.
+    known_abort: str | None = None
     tags: tuple[str, ...] = field(default=())
 
 
@@ -117,7 +121,10 @@ SCENARIOS: list[Scenario] = [
     # and ``plain`` is the reporter's program with today's wandb, run beside it for the table.
     Scenario("report-wandb2233", "wandb/wandb#2233: mp.spawn, rank 0 logs, no finish",
              "report_wandb2233_funnel.py", needs=("torch",), deadline=120,
-             plain="report_wandb2233_plain.py"),
+             plain="report_wandb2233_plain.py",
+             # torch gloo + CPython 3.11 at interpreter exit (REPORTS.md): 7/35 runs with no
+             # wandb at all; destroy_process_group() makes it rare, not impossible.
+             known_abort="terminate called without an active exception"),
     Scenario("report-lightning6106", "Lightning#6106: ddp_spawn with a W&B logger",
              "report_lightning6106_funnel.py", needs=("torch",), deadline=120,
              plain="report_lightning6106_plain.py"),
