@@ -28,7 +28,7 @@ from _common import record, report, rss_mb
 
 def _funnel_producer(ranks: list[int], records: int, start: Any, ready: Any) -> None:
     import wandb_funnel as wf
-    from wandb_funnel._run import AttachInfo, Run
+    from wandb_funnel._worker.run import AttachInfo, Run
 
     info = AttachInfo.from_env(__import__("os").environ)
     assert info is not None

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 
-from wandb_funnel import _codec
-from wandb_funnel._ordering import Reorderer
-from wandb_funnel._reduce import RowBuilder
+from wandb_funnel._logger.ordering import Reorderer
+from wandb_funnel._logger.reduce import RowBuilder
+from wandb_funnel._protocol import codec
 
 RANKS, STEPS, BATCH = 4, 40_000, 64
 
@@ -18,12 +18,12 @@ RANKS, STEPS, BATCH = 4, 40_000, 64
 def main() -> None:
     def packed(step: int) -> bytes:
         data = {"loss": 1.0 / (step + 1), "acc": step * 1e-6, "lr": 3e-4}
-        return _codec.encode_record(step, True, data, 1 << 20)
+        return codec.encode_record(step, True, data, 1 << 20)
 
     records = [packed(s) for s in range(STEPS)]
-    frames = [_codec.encode_batch(i, records[i : i + BATCH]) for i in range(0, STEPS, BATCH)]
+    frames = [codec.encode_batch(i, records[i : i + BATCH]) for i in range(0, STEPS, BATCH)]
     t0 = time.process_time()
-    batches = {r: [_codec.decode(f, 1 << 22).records for f in frames] for r in range(RANKS)}
+    batches = {r: [codec.decode(f, 1 << 22).records for f in frames] for r in range(RANKS)}
     t1 = time.process_time()
     order = Reorderer(2.0, 100_000)
     for rank in range(RANKS):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from wandb_funnel._channel import Channel
-from wandb_funnel._ordering import Reorderer
-from wandb_funnel._reduce import RowBuilder
+from wandb_funnel._logger.ordering import Reorderer
+from wandb_funnel._logger.reduce import RowBuilder
+from wandb_funnel._logger.run_writer import Channel
 
 
 class RecordingSink:
@@ -79,7 +79,7 @@ def test_deadline_passing_while_writing_counts_the_rest_exactly(monkeypatch: Any
     written or counted, once; written rows are the lowest steps, in order; the rows left are
     not released one by one; the accounting and exit code still go out."""
     clock = FakeClock()
-    monkeypatch.setattr("wandb_funnel._channel.time", clock)
+    monkeypatch.setattr("wandb_funnel._logger.run_writer.time", clock)
     channel, sink = _channel(50_000)
     channel.order.add(0, 3, True, {"late": 1}, 0.0)  # pending, not late yet
     log = sink.log

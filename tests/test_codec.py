@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wandb_funnel import _codec
-from wandb_funnel._records import (
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import (
     CONFIG,
     PROTOCOL_VERSION,
     RECORDS,
@@ -31,8 +31,8 @@ MAX = 1 << 26
 
 
 def _batch(records: list[tuple[int, bool, dict]], first_seq: int = 0) -> RecordBatch:
-    packed = [_codec.encode_record(s, c, d, MAX) for s, c, d in records]
-    message = _codec.decode(_codec.encode_batch(first_seq, packed), MAX)
+    packed = [codec.encode_record(s, c, d, MAX) for s, c, d in records]
+    message = codec.decode(codec.encode_batch(first_seq, packed), MAX)
     assert isinstance(message, RecordBatch)
     return message
 
@@ -53,17 +53,17 @@ def test_control_messages_round_trip() -> None:
         return type(decoded) is type(expected) and decoded == expected
 
     hello = Hello("tok", 12, "host", 3, 999)
-    assert same(_codec.decode(_codec.encode_hello(hello), MAX), hello)
-    assert same(_codec.decode(_codec.encode_goodbye(Goodbye(4, "done")), MAX), Goodbye(4, "done"))
+    assert same(codec.decode(codec.encode_hello(hello), MAX), hello)
+    assert same(codec.decode(codec.encode_goodbye(Goodbye(4, "done")), MAX), Goodbye(4, "done"))
     close = Close("tok", 143, 2.5)
-    assert same(_codec.decode(_codec.encode_close(close), MAX), close)
-    assert same(_codec.decode(_codec.encode_welcome(Welcome(2)), MAX), Welcome(2))
-    assert same(_codec.decode(_codec.encode_ack(Ack(2)), MAX), Ack(2))
-    assert same(_codec.decode(_codec.encode_done(Done({"x": 1})), MAX), Done({"x": 1}))
-    update = _codec.encode_update(CONFIG, {"lr": 0.1}, MAX)
-    assert same(_codec.decode(update, MAX), ConfigUpdate({"lr": 0.1}))
-    summary = _codec.encode_update(SUMMARY, {"best": 1}, MAX)
-    assert same(_codec.decode(summary, MAX), SummaryUpdate({"best": 1}))
+    assert same(codec.decode(codec.encode_close(close), MAX), close)
+    assert same(codec.decode(codec.encode_welcome(Welcome(2)), MAX), Welcome(2))
+    assert same(codec.decode(codec.encode_ack(Ack(2)), MAX), Ack(2))
+    assert same(codec.decode(codec.encode_done(Done({"x": 1})), MAX), Done({"x": 1}))
+    update = codec.encode_update(CONFIG, {"lr": 0.1}, MAX)
+    assert same(codec.decode(update, MAX), ConfigUpdate({"lr": 0.1}))
+    summary = codec.encode_update(SUMMARY, {"best": 1}, MAX)
+    assert same(codec.decode(summary, MAX), SummaryUpdate({"best": 1}))
 
 
 def test_numpy_scalars_and_special_floats_pass() -> None:
@@ -110,31 +110,31 @@ def test_torch_zero_d_tensor_passes() -> None:
 def test_bad_values_name_the_key(data: dict, exc: type, fragment: str) -> None:
     """Unencodable input raises TypeError/ValueError that names the key at fault."""
     with pytest.raises(exc, match=fragment):
-        _codec.encode_record(0, True, _codec.check_data(data), MAX)
+        codec.encode_record(0, True, codec.check_data(data), MAX)
 
 
 def test_oversized_record_is_rejected() -> None:
     """A record over max_record_bytes raises ValueError at the call site."""
     with pytest.raises(ValueError, match="max_record_bytes=100"):
-        _codec.encode_record(0, True, {"s": "x" * 200}, 100)
+        codec.encode_record(0, True, {"s": "x" * 200}, 100)
 
 
 @pytest.mark.parametrize("step", [-1, 2**63, 1.5, "3", True, None])
 def test_bad_steps(step: object) -> None:
     """Steps must be non-negative 63-bit ints."""
     with pytest.raises((TypeError, ValueError)):
-        _codec.check_step(step)
+        codec.check_step(step)
 
 
 def test_non_dict_data() -> None:
     with pytest.raises(TypeError, match="must be a dict"):
-        _codec.check_data([1, 2])
+        codec.check_data([1, 2])
 
 
 def test_packer_recovers_after_a_failure() -> None:
     """A failed pack does not corrupt the next record (the per-thread packer is reset)."""
     with pytest.raises(TypeError):
-        _codec.encode_record(0, True, {"a": 1, "b": object()}, MAX)
+        codec.encode_record(0, True, {"a": 1, "b": object()}, MAX)
     batch = _batch([(1, True, {"ok": 1})])
     assert batch.records[0][2] == {"ok": 1}
 
@@ -158,13 +158,13 @@ def test_packer_recovers_after_a_failure() -> None:
 )
 def test_junk_frames_raise_decode_error_only(frame: bytes) -> None:
     """Malformed frames raise DecodeError, never anything else."""
-    with pytest.raises(_codec.DecodeError):
-        _codec.decode(frame, MAX)
+    with pytest.raises(codec.DecodeError):
+        codec.decode(frame, MAX)
 
 
 def test_frame_over_limit_is_junk() -> None:
-    with pytest.raises(_codec.DecodeError, match="over the"):
-        _codec.decode(b"x" * 100, 10)
+    with pytest.raises(codec.DecodeError, match="over the"):
+        codec.decode(b"x" * 100, 10)
 
 
 @settings(max_examples=300, deadline=None)
@@ -172,8 +172,8 @@ def test_frame_over_limit_is_junk() -> None:
 def test_random_bytes_never_escape(frame: bytes) -> None:
     """Whatever arrives, decode returns a message or raises DecodeError."""
     try:
-        _codec.decode(frame, MAX)
-    except _codec.DecodeError:
+        codec.decode(frame, MAX)
+    except codec.DecodeError:
         pass
 
 
@@ -211,14 +211,14 @@ def test_any_valid_records_round_trip(records: list[tuple[int, bool, dict]]) -> 
 def test_bytes_are_refused_at_the_call_site(value: object) -> None:
     """wandb cannot store raw bytes, so they are refused where they are logged."""
     with pytest.raises(TypeError, match=r"bytes|bytearray"):
-        _codec.check_data({"k": value})
+        codec.check_data({"k": value})
 
 
 def test_peek_batch_reads_a_batch_header_without_its_records() -> None:
-    records = [_codec.encode_record(s, True, {"x": s}, 1 << 16) for s in range(3)]
-    frame = _codec.encode_batch(7, records)
-    assert _codec.peek_batch(frame) == (7, 3)
-    assert _codec.peek_batch(frame[:-5]) == (7, 3)  # records are not looked at: decode says
+    records = [codec.encode_record(s, True, {"x": s}, 1 << 16) for s in range(3)]
+    frame = codec.encode_batch(7, records)
+    assert codec.peek_batch(frame) == (7, 3)
+    assert codec.peek_batch(frame[:-5]) == (7, 3)  # records are not looked at: decode says
 
 
 @pytest.mark.parametrize(
@@ -227,13 +227,13 @@ def test_peek_batch_reads_a_batch_header_without_its_records() -> None:
         b"",
         b"\xc1",
         msgpack.packb((PROTOCOL_VERSION, RECORDS, -1, 3)),
-        msgpack.packb((PROTOCOL_VERSION, RECORDS, 0, _codec.MAX_BATCH_RECORDS + 1)),
+        msgpack.packb((PROTOCOL_VERSION, RECORDS, 0, codec.MAX_BATCH_RECORDS + 1)),
         msgpack.packb((PROTOCOL_VERSION + 1, RECORDS, 0, 3)),
         msgpack.packb((True, RECORDS, 0, 3)),
         msgpack.packb((PROTOCOL_VERSION, RECORDS, 0.0, 3)),
         msgpack.packb((PROTOCOL_VERSION, RECORDS, 0)),
-        _codec.encode_goodbye(Goodbye(3, "done", 0)),
+        codec.encode_goodbye(Goodbye(3, "done", 0)),
     ],
 )
 def test_peek_batch_is_none_for_anything_but_a_batch_header(frame: bytes) -> None:
-    assert _codec.peek_batch(frame) is None
+    assert codec.peek_batch(frame) is None

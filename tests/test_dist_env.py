@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from wandb_funnel._dist_env import detect
+from wandb_funnel._launcher_env import detect
 
 
 def test_torchrun() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wandb_funnel._ordering import Reorderer, Row
+from wandb_funnel._logger.ordering import Reorderer, Row
 
 
 def _check_output(rows: list[Row], records: list[tuple[int, int, str]]) -> None:

@@ -14,12 +14,12 @@ import warnings
 
 import pytest
 
-from wandb_funnel import _codec
-from wandb_funnel._client import Stream
-from wandb_funnel._config import BATCH_RECORDS
-from wandb_funnel._receiver import Attached, Ended, Receiver, Records
-from wandb_funnel._records import RecordBatch
-from wandb_funnel._transport import LoggerSocket, private_ipc_endpoint, remove_ipc_dir
+from wandb_funnel._constants import BATCH_RECORDS
+from wandb_funnel._logger.receiver import Attached, Ended, Receiver, Records
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import RecordBatch
+from wandb_funnel._protocol.sockets import LoggerSocket, private_ipc_endpoint, remove_ipc_dir
+from wandb_funnel._worker.stream import Stream
 from wandb_funnel.errors import FunnelWarning
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,7 +42,7 @@ def test_a_stalled_writer_still_gets_every_goodbye_and_counts_every_drop(
     records: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decoded_batches = 0
-    real_decode = _codec.decode
+    real_decode = codec.decode
 
     def counting_decode(frame: bytes, max_frame_bytes: int) -> object:
         nonlocal decoded_batches
@@ -50,14 +50,14 @@ def test_a_stalled_writer_still_gets_every_goodbye_and_counts_every_drop(
         decoded_batches += isinstance(message, RecordBatch)
         return message
 
-    monkeypatch.setattr(_codec, "decode", counting_decode)
+    monkeypatch.setattr(codec, "decode", counting_decode)
     endpoint, directory = private_ipc_endpoint()
     sock = LoggerSocket(endpoint, 1_000, 1 << 20)
     receiver = Receiver(sock, TOKEN, 1 << 20, QUEUE_BOUND)
     receiver.start()
     stream = Stream(endpoint, TOKEN, requested_rank=1, logger_pid=os.getpid())
     try:
-        packed = _codec.encode_record(0, False, {"x": 1.0}, 1 << 16)
+        packed = codec.encode_record(0, False, {"x": 1.0}, 1 << 16)
         for _ in range(records):
             stream.push(packed)
         with warnings.catch_warnings(record=True) as caught:

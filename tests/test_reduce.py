@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from wandb_funnel._ordering import Row
-from wandb_funnel._reduce import RowBuilder, check_reduce, flatten
+from wandb_funnel._logger.ordering import Row
+from wandb_funnel._logger.reduce import RowBuilder, check_reduce, flatten
 
 
 def _row(step: int, parts: dict[int, dict]) -> Row:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from wandb_funnel._run import AttachInfo, Run
+from wandb_funnel._worker.run import AttachInfo, Run
 
 
 def test_bad_data_on_first_use_raises_before_the_rank_connects() -> None:

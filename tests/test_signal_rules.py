@@ -12,19 +12,19 @@ from types import FrameType
 
 import pytest
 
-from wandb_funnel import _lifecycle
+from wandb_funnel._worker import lifecycle
 
 
 @pytest.fixture
 def restore_signals() -> Iterator[None]:
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    previous, hook_pid = _lifecycle._previous_sigterm, _lifecycle._sigterm_hook_pid
-    flushes = list(_lifecycle._flush_callbacks)
+    previous, hook_pid = lifecycle._previous_sigterm, lifecycle._sigterm_hook_pid
+    flushes = list(lifecycle._flush_callbacks)
     yield
     for signum, handler in saved.items():
         signal.signal(signum, handler)
-    _lifecycle._previous_sigterm, _lifecycle._sigterm_hook_pid = previous, hook_pid
-    _lifecycle._flush_callbacks[:] = flushes
+    lifecycle._previous_sigterm, lifecycle._sigterm_hook_pid = previous, hook_pid
+    lifecycle._flush_callbacks[:] = flushes
 
 
 def _land(signum: int) -> None:
@@ -39,7 +39,7 @@ def _land(signum: int) -> None:
 def test_held_signals_run_the_handler_once_after_the_block(signum: int) -> None:
     calls: list[int] = []
     signal.signal(signum, lambda s, f: calls.append(s))
-    with _lifecycle.signals_held():
+    with lifecycle.signals_held():
         _land(signum)
         _land(signum)  # two while held: still one delivery (a signal is not a queue)
         assert calls == []
@@ -53,7 +53,7 @@ def test_systemexit_from_a_held_handler_propagates_from_the_block() -> None:
         sys.exit(143)
 
     signal.signal(signal.SIGTERM, handler)
-    with pytest.raises(SystemExit) as exc, _lifecycle.signals_held():
+    with pytest.raises(SystemExit) as exc, lifecycle.signals_held():
         _land(signal.SIGTERM)
     assert exc.value.code == 143
 
@@ -61,14 +61,14 @@ def test_systemexit_from_a_held_handler_propagates_from_the_block() -> None:
 @pytest.mark.usefixtures("restore_signals")
 def test_default_int_handler_still_raises_keyboardinterrupt_after_the_hold() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    with pytest.raises(KeyboardInterrupt), _lifecycle.signals_held():
+    with pytest.raises(KeyboardInterrupt), lifecycle.signals_held():
         _land(signal.SIGINT)
 
 
 @pytest.mark.usefixtures("restore_signals")
 def test_ignored_signals_are_left_alone() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    with _lifecycle.signals_held():
+    with lifecycle.signals_held():
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
         _land(signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
@@ -76,26 +76,26 @@ def test_ignored_signals_are_left_alone() -> None:
 
 @pytest.mark.usefixtures("restore_signals")
 def test_hook_installs_once_and_never_over_a_later_handler() -> None:
-    _lifecycle._sigterm_hook_pid = -1
+    lifecycle._sigterm_hook_pid = -1
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _lifecycle.install_sigterm_hook()
-    assert signal.getsignal(signal.SIGTERM) is _lifecycle._on_sigterm
+    lifecycle.install_sigterm_hook()
+    assert signal.getsignal(signal.SIGTERM) is lifecycle._on_sigterm
 
     def mine(signum: int, frame: FrameType | None) -> None:
         pass
 
     signal.signal(signal.SIGTERM, mine)
-    _lifecycle.install_sigterm_hook()  # a second stream, a later init(): never again
+    lifecycle.install_sigterm_hook()  # a second stream, a later init(): never again
     assert signal.getsignal(signal.SIGTERM) is mine
 
 
 @pytest.mark.usefixtures("restore_signals")
 def test_hook_chains_a_handler_it_replaced_after_flushing() -> None:
     order: list[str] = []
-    _lifecycle._sigterm_hook_pid = -1
+    lifecycle._sigterm_hook_pid = -1
     signal.signal(signal.SIGTERM, lambda s, f: order.append("user"))
-    _lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
-    _lifecycle.install_sigterm_hook()
+    lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
+    lifecycle.install_sigterm_hook()
     _land(signal.SIGTERM)
     assert order == ["flush", "user"]
 
@@ -105,10 +105,10 @@ def test_hook_called_by_another_handler_only_flushes() -> None:
     """Lightning's connector calls the handlers it found; ours must not end the process
     (over SIG_DFL it would close everything and kill itself) under the caller."""
     order: list[str] = []
-    _lifecycle._sigterm_hook_pid = -1
+    lifecycle._sigterm_hook_pid = -1
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
-    _lifecycle.install_sigterm_hook()
+    lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
+    lifecycle.install_sigterm_hook()
     ours = signal.getsignal(signal.SIGTERM)
     assert callable(ours)
 
@@ -127,10 +127,10 @@ def test_a_chain_through_our_hook_still_runs_the_handler_we_replaced() -> None:
     """A requeue handler installed before the funnel, then Lightning's connector calling the
     handler it found (ours): the requeue handler still runs, once, after the flush."""
     order: list[str] = []
-    _lifecycle._sigterm_hook_pid = -1
+    lifecycle._sigterm_hook_pid = -1
     signal.signal(signal.SIGTERM, lambda s, f: order.append("requeue"))
-    _lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
-    _lifecycle.install_sigterm_hook()
+    lifecycle._flush_callbacks[:] = [lambda: order.append("flush")]
+    lifecycle.install_sigterm_hook()
     ours = signal.getsignal(signal.SIGTERM)
     assert callable(ours)
 
@@ -152,13 +152,13 @@ def test_every_shutdown_step_runs_when_one_raises_systemexit() -> None:
         ran.append("streams")
         raise SystemExit(7)
 
-    saved = list(_lifecycle._callbacks)
-    _lifecycle._callbacks[:] = [(0, exits), (10, lambda c, r: ran.append("funnel"))]
+    saved = list(lifecycle._callbacks)
+    lifecycle._callbacks[:] = [(0, exits), (10, lambda c, r: ran.append("funnel"))]
     try:
         with pytest.raises(SystemExit) as exc:
-            _lifecycle.run_shutdown_callbacks(0, "test")
+            lifecycle.run_shutdown_callbacks(0, "test")
     finally:
-        _lifecycle._callbacks[:] = saved
+        lifecycle._callbacks[:] = saved
     assert ran == ["streams", "funnel"] and exc.value.code == 7
 
 
@@ -171,7 +171,7 @@ def test_both_held_signals_are_delivered_and_handlers_restored_when_one_raises()
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, term)
-    with pytest.raises(KeyboardInterrupt), _lifecycle.signals_held():
+    with pytest.raises(KeyboardInterrupt), lifecycle.signals_held():
         _land(signal.SIGINT)
         _land(signal.SIGTERM)
     assert calls == [signal.SIGTERM]

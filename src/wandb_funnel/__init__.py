@@ -6,10 +6,10 @@ wandb run, orders records by step and rank, reduces across ranks, and always fin
 
 from __future__ import annotations
 
-from ._api import finish, init, log
-from ._funnel import Funnel
-from ._run import Run
-from .errors import (
+from wandb_funnel._api import finish, init, log
+from wandb_funnel._owner.funnel import Funnel
+from wandb_funnel._worker.run import Run
+from wandb_funnel.errors import (
     ClientClosedError,
     FunnelError,
     FunnelWarning,

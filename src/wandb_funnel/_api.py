@@ -8,17 +8,17 @@ import threading
 import warnings
 from typing import Any
 
-from . import _pid
-from ._config import (
+from wandb_funnel import _pid
+from wandb_funnel._constants import (
     DEFAULT_START_TIMEOUT,
     ENV_RANK_PID,
     RANK_SCOPES,
     WELCOME_TIMEOUT,
 )
-from ._dist_env import DistEnv
-from ._dist_env import detect as detect_dist_env
-from ._run import AttachInfo, Run
-from .errors import FunnelWarning
+from wandb_funnel._launcher_env import DistEnv
+from wandb_funnel._launcher_env import detect as detect_dist_env
+from wandb_funnel._worker.run import AttachInfo, Run
+from wandb_funnel.errors import FunnelWarning
 
 _lock = threading.RLock()
 _current: Run | None = None
@@ -131,7 +131,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
                     FunnelWarning,
                     stacklevel=2,
                 )
-            from ._funnel import Funnel
+            from wandb_funnel._owner.funnel import Funnel
 
             kwargs = dict(wandb_init_kwargs)
             _check_rank_scope(kwargs.pop("rank_scope", "global"))  # one process: one scope
@@ -155,7 +155,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
 
 
 def _check_rank_scope(scope: Any) -> str:
-    from ._reduce import check_choice
+    from wandb_funnel._logger.reduce import check_choice
 
     return check_choice("rank_scope", scope, RANK_SCOPES)
 
@@ -172,8 +172,8 @@ _mark_launcher_rank()
 
 
 def _init_distributed(env: DistEnv, kwargs: dict[str, Any]) -> Run:
-    from ._ddp import init_distributed
-    from ._reduce import check_run_mode
+    from wandb_funnel._launched_init import init_distributed
+    from wandb_funnel._logger.reduce import check_run_mode
 
     kwargs = dict(kwargs)
     run_mode = check_run_mode(kwargs.pop("run_mode", "auto"))

@@ -15,8 +15,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 
 def _soak(args: argparse.Namespace) -> int:
-    from .soak import report, scenarios
-    from .soak.harness import Iteration, run_iteration
+    from wandb_funnel.soak import report, scenarios
+    from wandb_funnel.soak.harness import Iteration, run_iteration
 
     chosen = scenarios.select(args.scenario)
     missing = [s for s in chosen if any(importlib.util.find_spec(m) is None for m in s.needs)]
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         if args.list:
-            from .soak.scenarios import SCENARIOS
+            from wandb_funnel.soak.scenarios import SCENARIOS
 
             for s in SCENARIOS:
                 print(f"{s.name:24} {s.summary}")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import PRELUDE, Scripts, reports, wait_for_report
 from tests.wandb_reader import only_run
-from wandb_funnel._config import BATCH_RECORDS
+from wandb_funnel._constants import BATCH_RECORDS
 
 pytestmark = pytest.mark.processes
 
@@ -223,8 +223,8 @@ def test_sigterm_during_a_batch_send_loses_nothing(scripts: Scripts, chained: bo
     installed after ours, chaining to it (Lightning, submitit), runs exactly once and decides
     how the process ends: ours, called by it, only flushes."""
     res = scripts.run(PRELUDE + f"""
-from wandb_funnel import _codec
-from wandb_funnel._config import BATCH_RECORDS
+from wandb_funnel._protocol import codec
+from wandb_funnel._constants import BATCH_RECORDS
 
 def child():
     wf.log({{"c": 0}}, step=0)  # attached: our hook is installed
@@ -235,14 +235,14 @@ def child():
             ours(signum, frame)
             sys.exit(143)
         signal.signal(signal.SIGTERM, users)
-    encode = _codec.encode_batch
+    encode = codec.encode_batch
     fired = []
     def encode_and_get_killed(first, records):
         if len(records) == BATCH_RECORDS and not fired:  # the first full batch, from log()
             fired.append(1)
             os.kill(os.getpid(), signal.SIGTERM)
         return encode(first, records)
-    _codec.encode_batch = encode_and_get_killed
+    codec.encode_batch = encode_and_get_killed
     for s in range(1, 2 * BATCH_RECORDS):
         wf.log({{"c": s}}, step=s)
     time.sleep(60)  # not reached: SIGTERM ends us once the batch is out
@@ -445,7 +445,7 @@ def test_funnels_one_after_another_in_one_process(scripts: Scripts) -> None:
     """A process can own one funnel after another: each run is complete, and the flusher
     thread serves the second funnel too (a part-filled batch leaves within 0.1 s)."""
     res = scripts.run(PRELUDE + """
-from wandb_funnel import _client
+from wandb_funnel._worker import stream
 if __name__ == "__main__":
     pending = []
     for i in range(2):
@@ -453,7 +453,7 @@ if __name__ == "__main__":
             for s in range(3):
                 funnel.log({"i": i}, step=s)
             time.sleep(0.5)
-            pending.append(sum(len(st._buf) for st in _client.open_streams()))
+            pending.append(sum(len(st._buf) for st in stream.open_streams()))
     report(pending=pending)
 """)
     assert res.returncode == 0, res.stderr
@@ -566,8 +566,8 @@ def test_remote_rank_heartbeats_and_death(scripts: Scripts) -> None:
     does not wait for it until the straggler deadline."""
     res = scripts.run(PRELUDE + """
 def remote(ready, quiet_s, die):
-    from wandb_funnel import _client
-    _client._HOSTNAME = "another-node"   # as if this rank ran elsewhere
+    from wandb_funnel._worker import stream
+    stream._HOSTNAME = "another-node"   # as if this rank ran elsewhere
     run = wf.init()
     run.log({"c": 0}, step=0)
     run.flush()

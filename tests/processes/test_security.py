@@ -43,8 +43,13 @@ import errno, json, os, socket, sys, time, warnings
 import multiprocessing.util  # imported lazily by the package: import it while we can read it
 import zmq
 import wandb_funnel as wf
-from wandb_funnel import _api, _client, _codec, _lifecycle, _run, _transport
-from wandb_funnel._records import Hello
+from wandb_funnel import _api
+from wandb_funnel._worker import stream
+from wandb_funnel._protocol import codec
+from wandb_funnel._worker import lifecycle
+from wandb_funnel._worker import run
+from wandb_funnel._protocol import sockets
+from wandb_funnel._protocol.messages import Hello
 
 os.setgroups([])
 os.setgid({NOBODY})
@@ -80,8 +85,8 @@ d = ctx.socket(zmq.DEALER)
 d.setsockopt(zmq.LINGER, 0)
 d.connect(address)
 token = os.environ["WANDB_FUNNEL_TOKEN"]
-d.send(_codec.encode_hello(Hello(token, os.getpid(), socket.gethostname(), None, None)))
-d.send(_codec.encode_batch(0, [_codec.encode_record(0, True, {{"intruder": 1}}, 1 << 20)]))
+d.send(codec.encode_hello(Hello(token, os.getpid(), socket.gethostname(), None, None)))
+d.send(codec.encode_batch(0, [codec.encode_record(0, True, {{"intruder": 1}}, 1 << 20)]))
 out["zmq_answered"] = bool(d.poll(3000, zmq.POLLIN))
 d.close()
 ctx.term()
@@ -109,7 +114,7 @@ print(json.dumps(out), flush=True)
 # /tmp; the funnel removes its directory when it closes.
 START_IN_TMP = """
 import tempfile, subprocess
-from wandb_funnel.sinks.wandb import setup_service
+from wandb_funnel._wandb import setup_service
 
 def start_in_tmp(funnel):
     setup_service()
@@ -194,10 +199,10 @@ TCP = (
     + """
 import socket
 import zmq
-from wandb_funnel import _codec
-from wandb_funnel._config import ENV_CURVE, ENV_TOKEN
-from wandb_funnel._records import Hello
-from wandb_funnel._transport import new_curve_keys
+from wandb_funnel._protocol import codec
+from wandb_funnel._constants import ENV_CURVE, ENV_TOKEN
+from wandb_funnel._protocol.messages import Hello
+from wandb_funnel._protocol.sockets import new_curve_keys
 
 def worker(address):
     # A rank on "another node": the funnel's TCP address and the job's keys (exported).
@@ -242,9 +247,9 @@ if __name__ == "__main__":
                     s.curve_secretkey = curve[2].encode()
                 s.connect(tcp)
                 hello = Hello(token, os.getpid(), socket.gethostname(), None, None)
-                s.send(_codec.encode_hello(hello))  # even with the job's token
-                rec = _codec.encode_record(0, True, {f"intruder_{name}": 1}, 1 << 20)
-                s.send(_codec.encode_batch(0, [rec]))
+                s.send(codec.encode_hello(hello))  # even with the job's token
+                rec = codec.encode_record(0, True, {f"intruder_{name}": 1}, 1 << 20)
+                s.send(codec.encode_batch(0, [rec]))
                 answered[name] = answered.get(name, False) or bool(s.poll(700, zmq.POLLIN))
                 s.close()
                 attempts += 1
@@ -289,7 +294,7 @@ JOB_A = (
     PRELUDE
     + START_IN_TMP
     + """
-from wandb_funnel._config import ENV_TOKEN
+from wandb_funnel._constants import ENV_TOKEN
 if __name__ == "__main__":
     funnel = start_in_tmp(wf.Funnel(project="t", id="job-a"))
     with funnel:

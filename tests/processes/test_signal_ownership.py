@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import Scripts, reports
 from tests.wandb_reader import find_runs
-from wandb_funnel._config import BATCH_RECORDS
+from wandb_funnel._constants import BATCH_RECORDS
 
 pytestmark = pytest.mark.processes
 

@@ -39,9 +39,9 @@ COMMON = (
     + f"""
 import collections, random, socket
 import msgpack, psutil, zmq
-from wandb_funnel import _codec
-from wandb_funnel._config import BATCH_BYTES, ENV_TOKEN
-from wandb_funnel._records import (CONFIG, SUMMARY, Ack, Close, Done, Goodbye, Hello,
+from wandb_funnel._protocol import codec
+from wandb_funnel._constants import BATCH_BYTES, ENV_TOKEN
+from wandb_funnel._protocol.messages import (CONFIG, SUMMARY, Ack, Close, Done, Goodbye, Hello,
                                    Welcome)
 
 FRAMES, CHUNKS, MAXR = {FRAMES}, {CHUNKS}, {MAX_RECORD_BYTES}
@@ -52,25 +52,25 @@ HOST = socket.gethostname()
 
 def seeds():
     records = [
-        _codec.encode_record(0, True, {{"loss": 0.5}}, MAXR),
-        _codec.encode_record(3, False, {{"a": {{"b": [1, 2.5, None, "x"]}}, "t": True}}, MAXR),
-        _codec.encode_record(2**40, True, {{"s": "é" * 10, "n": -7}}, MAXR),
-        _codec.encode_record(7, True, {{}}, MAXR),
+        codec.encode_record(0, True, {{"loss": 0.5}}, MAXR),
+        codec.encode_record(3, False, {{"a": {{"b": [1, 2.5, None, "x"]}}, "t": True}}, MAXR),
+        codec.encode_record(2**40, True, {{"s": "é" * 10, "n": -7}}, MAXR),
+        codec.encode_record(7, True, {{}}, MAXR),
     ]
     return [
-        _codec.encode_batch(0, records[:1]),
-        _codec.encode_batch(5, records),
-        _codec.encode_batch(0, []),  # a heartbeat
-        _codec.encode_batch(2**31, records[1:3]),
-        _codec.encode_hello(Hello(FAKE, 1234, "elsewhere", None, None)),
-        _codec.encode_hello(Hello(FAKE, os.getpid(), HOST, 3, 12345)),
-        _codec.encode_goodbye(Goodbye(4, "finished", 0)),
-        _codec.encode_update(CONFIG, {{"lr": 0.1, "nested": {{"x": [1]}}}}, MAXR),
-        _codec.encode_update(SUMMARY, {{"best": 0.9}}, MAXR),
-        _codec.encode_close(Close(FAKE, 0, 10.0)),
-        _codec.encode_welcome(Welcome(2)),
-        _codec.encode_ack(Ack(5)),
-        _codec.encode_done(Done({{"x": 1}})),
+        codec.encode_batch(0, records[:1]),
+        codec.encode_batch(5, records),
+        codec.encode_batch(0, []),  # a heartbeat
+        codec.encode_batch(2**31, records[1:3]),
+        codec.encode_hello(Hello(FAKE, 1234, "elsewhere", None, None)),
+        codec.encode_hello(Hello(FAKE, os.getpid(), HOST, 3, 12345)),
+        codec.encode_goodbye(Goodbye(4, "finished", 0)),
+        codec.encode_update(CONFIG, {{"lr": 0.1, "nested": {{"x": [1]}}}}, MAXR),
+        codec.encode_update(SUMMARY, {{"best": 0.9}}, MAXR),
+        codec.encode_close(Close(FAKE, 0, 10.0)),
+        codec.encode_welcome(Welcome(2)),
+        codec.encode_ack(Ack(5)),
+        codec.encode_done(Done({{"x": 1}})),
     ]
 
 SEEDS = seeds()
@@ -201,8 +201,8 @@ def expect(frame):
     if isinstance(frame, list):
         return "junk"
     try:
-        message = _codec.decode(frame, MAX_FRAME)
-    except _codec.DecodeError:
+        message = codec.decode(frame, MAX_FRAME)
+    except codec.DecodeError:
         return "junk"
     if isinstance(message, (Hello, Close)):
         assert message.token != REAL_TOKEN
@@ -213,16 +213,16 @@ def expect(frame):
 def replies(sock, timeout=60.0):
     if not sock.poll(int(timeout * 1000), zmq.POLLIN):
         raise AssertionError("the logger did not answer within 60 s")
-    return _codec.decode(sock.recv(), 1 << 20)
+    return codec.decode(sock.recv(), 1 << 20)
 
 def sync(sock):
     # A real hello on the same DEALER, after its junk: ZeroMQ delivers one peer's frames in
     # order, so the WELCOME means the logger has taken (and counted) every frame before it.
-    hello = _codec.encode_hello(Hello(REAL_TOKEN, os.getpid(), HOST, None, None))
+    hello = codec.encode_hello(Hello(REAL_TOKEN, os.getpid(), HOST, None, None))
     sock.send(hello)
     welcome = replies(sock)
     assert isinstance(welcome, Welcome), welcome
-    sock.send(_codec.encode_goodbye(Goodbye(0, "fuzz peer done", 0)))
+    sock.send(codec.encode_goodbye(Goodbye(0, "fuzz peer done", 0)))
     ack = replies(sock)
     assert isinstance(ack, Ack) and ack.received == 0, ack
 
@@ -250,7 +250,7 @@ UNKNOWN_PEERS = (
 if __name__ == "__main__":
     with wf.Funnel(project="t", max_record_bytes=MAXR) as funnel:
         REAL_TOKEN = os.environ[ENV_TOKEN]
-        REAL_HELLO = _codec.encode_hello(Hello(REAL_TOKEN, os.getpid(), HOST, None, None))
+        REAL_HELLO = codec.encode_hello(Hello(REAL_TOKEN, os.getpid(), HOST, None, None))
         funnel.log({"before": 1}, step=0)
         logger = psutil.Process(funnel.logger_pid)
         ctx_mp = mp.get_context("spawn")
@@ -411,17 +411,17 @@ class Model:
     def fresh_batch(self):
         gap = rng.choice([0, 0, 0, 0, 1, 5])
         records = [
-            _codec.encode_record(
+            codec.encode_record(
                 rng.choice([rng.randrange(100), rng.randrange(2**62)]), rng.random() < 0.7,
                 {{rng.choice(KEYS): random_value() for _ in range(rng.randrange(5))}}, MAXR)
             for _ in range(rng.randrange(6))
         ]
-        return _codec.encode_batch(self.next_seq + gap, records)
+        return codec.encode_batch(self.next_seq + gap, records)
 
     def take(self, frame):
         try:
-            m = _codec.decode(frame, MAX_FRAME)
-        except _codec.DecodeError:
+            m = codec.decode(frame, MAX_FRAME)
+        except codec.DecodeError:
             self.junk += 1
             return
         if isinstance(m, (Hello, Close)):
@@ -444,10 +444,10 @@ class Model:
             self.junk += 1
 
 if __name__ == "__main__":
-    from wandb_funnel._records import ConfigUpdate, RecordBatch, SummaryUpdate
+    from wandb_funnel._protocol.messages import ConfigUpdate, RecordBatch, SummaryUpdate
     with wf.Funnel(project="t", max_record_bytes=MAXR) as funnel:
         REAL_TOKEN = os.environ[ENV_TOKEN]
-        REAL_HELLO = _codec.encode_hello(Hello(REAL_TOKEN, os.getpid(), HOST, None, None))
+        REAL_HELLO = codec.encode_hello(Hello(REAL_TOKEN, os.getpid(), HOST, None, None))
         funnel.log({{"before": 1}}, step=0)
         logger = psutil.Process(funnel.logger_pid)
         model = Model()
@@ -476,8 +476,8 @@ if __name__ == "__main__":
         s.send(REAL_HELLO)
         while not isinstance(replies(s), Welcome):
             pass  # acks of mutated goodbyes
-        s.send(_codec.encode_goodbye(Goodbye(model.next_seq, "fuzz peer done", 0)))
-        model.take(_codec.encode_goodbye(Goodbye(model.next_seq, "fuzz peer done", 0)))
+        s.send(codec.encode_goodbye(Goodbye(model.next_seq, "fuzz peer done", 0)))
+        model.take(codec.encode_goodbye(Goodbye(model.next_seq, "fuzz peer done", 0)))
         while not isinstance(replies(s), Ack):
             pass
         s.close()

@@ -28,8 +28,9 @@ from types import FrameType
 from typing import Any
 
 import wandb_funnel as wf
-from wandb_funnel import _client, _codec
-from wandb_funnel._config import BATCH_RECORDS
+from wandb_funnel._constants import BATCH_RECORDS
+from wandb_funnel._protocol import codec
+from wandb_funnel._worker import stream
 
 STEPS = BATCH_RECORDS + 20  # the first full batch is sent from inside log()
 HANDLER_EXIT = 42  # the exit code the user's handler chooses
@@ -87,33 +88,33 @@ def land_inside_funnel(land: str, signum: int) -> None:
             os.kill(os.getpid(), signum)
 
     if land == "send":
-        from wandb_funnel import _transport
+        from wandb_funnel._protocol import sockets
 
-        send_within = _transport.ClientSocket.send_within
+        send_within = sockets.ClientSocket.send_within
 
-        def send_and_fire(self: _transport.ClientSocket, frame: bytes, timeout: float) -> bool:
+        def send_and_fire(self: sockets.ClientSocket, frame: bytes, timeout: float) -> bool:
             if len(frame) > 1000:  # a full batch, numbered and parked: the handler sends it
                 fire()
             return send_within(self, frame, timeout)
 
-        _transport.ClientSocket.send_within = send_and_fire  # type: ignore[method-assign]
+        sockets.ClientSocket.send_within = send_and_fire  # type: ignore[method-assign]
     elif land == "training":
-        encode: Callable[[int, list[bytes]], bytes] = _codec.encode_batch
+        encode: Callable[[int, list[bytes]], bytes] = codec.encode_batch
 
         def encode_and_fire(first: int, records: list[bytes]) -> bytes:
             if len(records) == BATCH_RECORDS:
                 fire()
             return encode(first, records)
 
-        _codec.encode_batch = encode_and_fire  # type: ignore[assignment]
+        codec.encode_batch = encode_and_fire  # type: ignore[assignment]
     else:
-        await_ack = _client.Stream._await_ack
+        await_ack = stream.Stream._await_ack
 
-        def await_ack_and_fire(self: _client.Stream, deadline: float) -> int | None:
+        def await_ack_and_fire(self: stream.Stream, deadline: float) -> int | None:
             fire()
             return await_ack(self, deadline)
 
-        _client.Stream._await_ack = await_ack_and_fire  # type: ignore[method-assign]
+        stream.Stream._await_ack = await_ack_and_fire  # type: ignore[method-assign]
 
 
 def train(args: argparse.Namespace, signum: int, loader: Any = None) -> None:

@@ -23,9 +23,9 @@ from typing import Any
 
 import psutil
 
-from . import probe
-from .runfile import find_runs
-from .scenarios import Scenario
+from wandb_funnel.soak import probe
+from wandb_funnel.soak.runfile import find_runs
+from wandb_funnel.soak.scenarios import Scenario
 
 MARK_VAR = "WANDB_FUNNEL_SOAK_MARK"
 PROGRAMS = pathlib.Path(__file__).parent / "programs"

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from .harness import Iteration
+from wandb_funnel.soak.harness import Iteration
 
 COLUMNS = [
     ("scenario", "scenario"), ("iterations", "iters"), ("failed", "failed"), ("hangs", "hangs"),
@@ -70,7 +70,7 @@ def summarize(iterations: Iterable[Iteration]) -> list[dict[str, Any]]:
 
 
 def _has_fault(name: str) -> bool:
-    from .scenarios import SCENARIOS
+    from wandb_funnel.soak.scenarios import SCENARIOS
 
     return any(s.name == name and s.fault is not None for s in SCENARIOS)
 

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import msgpack
 
-from ._records import (
+from wandb_funnel._protocol.messages import (
     ACK,
     CLOSE,
     CONFIG,

@@ -8,7 +8,7 @@ import string
 import threading
 from typing import Any
 
-from .._config import TRANSACTION_LOG_FLUSH_INTERVAL
+from wandb_funnel._constants import TRANSACTION_LOG_FLUSH_INTERVAL
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 

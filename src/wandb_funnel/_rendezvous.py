@@ -12,8 +12,8 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from .._dist_env import DistEnv
-from ..errors import FunnelError, LoggerStartError
+from wandb_funnel._launcher_env import DistEnv
+from wandb_funnel.errors import FunnelError, LoggerStartError
 
 
 class Rendezvous:

@@ -21,9 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _codec
-from ._channel import Channel
-from ._config import (
+from wandb_funnel._constants import (
     BATCH_BYTES,
     ENV_SINK,
     EXIT_OWNER_LOST,
@@ -32,12 +30,23 @@ from ._config import (
     EXIT_SIGTERM,
     LOGGER_TICK,
 )
-from ._ordering import Reorderer
-from ._receiver import Attached, CloseAsked, Ended, Event, Receiver, Records, Update, log
-from ._records import Done
-from ._reduce import RowBuilder
-from ._transport import LoggerSocket, remove_ipc_dir
-from .sinks import Sink
+from wandb_funnel._logger.ordering import Reorderer
+from wandb_funnel._logger.receiver import (
+    Attached,
+    CloseAsked,
+    Ended,
+    Event,
+    Receiver,
+    Records,
+    Update,
+    log,
+)
+from wandb_funnel._logger.reduce import RowBuilder
+from wandb_funnel._logger.run_writer import Channel
+from wandb_funnel._logger.sinks import Sink
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import Done
+from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
 
 _PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
 _MAX_QUEUED_RECORDS = 500_000  # records decoded and waiting for the writer: bounds memory
@@ -354,11 +363,11 @@ def main() -> int:
         def open_sink(overrides: dict[str, Any]) -> Sink:
             kwargs = {**cfg["init_kwargs"], **overrides}
             if os.environ.get(ENV_SINK) == "null":  # the funnel alone, no wandb
-                from .sinks.null import NullSink
+                from wandb_funnel._logger.null_sink import NullSink
 
                 log(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
                 return NullSink(kwargs["id"])
-            from .sinks.wandb import WandbSink
+            from wandb_funnel._wandb import WandbSink
 
             return WandbSink(kwargs, cfg["step_key"])
 
@@ -384,15 +393,8 @@ def main() -> int:
         # The receiver has stopped: the socket is ours now, for the owner's DONE.
         if receiver.closer is not None and not receiver.is_alive():
             stats = logger.final_stats or logger.stats()
-            sock.reply(receiver.closer, _codec.encode_done(Done(stats)))
+            sock.reply(receiver.closer, codec.encode_done(Done(stats)))
         if not receiver.is_alive():
             sock.close()
         remove_ipc_dir(cfg.get("ipc_dir"))
 
-
-if __name__ == "__main__":
-    main()
-    # Exit without waiting on anything the wandb SDK left running; the run is finished.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

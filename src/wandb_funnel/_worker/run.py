@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import _codec, _pid
-from ._config import (
+from wandb_funnel import _pid
+from wandb_funnel._constants import (
     DEFAULT_MAX_RECORD_BYTES,
     ENV_ADDRESS,
     ENV_CURVE,
@@ -21,12 +21,13 @@ from ._config import (
     FINAL_FLUSH_TIMEOUT,
     WELCOME_TIMEOUT,
 )
-from ._records import CONFIG, SUMMARY
-from .errors import ClientClosedError
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import CONFIG, SUMMARY
+from wandb_funnel.errors import ClientClosedError
 
 if TYPE_CHECKING:
-    from ._client import Stream
-    from ._funnel import Funnel
+    from wandb_funnel._owner.funnel import Funnel
+    from wandb_funnel._worker.stream import Stream
 
 
 class AttachInfo(NamedTuple):
@@ -83,7 +84,7 @@ class _Config:
         self._run = run
 
     def update(self, data: Any) -> None:
-        self._run._send_update(CONFIG, _codec.check_data(data, "config"))
+        self._run._send_update(CONFIG, codec.check_data(data, "config"))
 
 
 class _Summary:
@@ -93,10 +94,10 @@ class _Summary:
         self._run = run
 
     def __setitem__(self, key: str, value: Any) -> None:
-        self._run._send_update(SUMMARY, _codec.check_data({key: value}, "summary"))
+        self._run._send_update(SUMMARY, codec.check_data({key: value}, "summary"))
 
     def update(self, data: Any) -> None:
-        self._run._send_update(SUMMARY, _codec.check_data(data, "summary"))
+        self._run._send_update(SUMMARY, codec.check_data(data, "summary"))
 
 
 class Run:
@@ -164,7 +165,7 @@ class Run:
         if stream is None or stream.pid != _pid.current:
             # First use in this process: refuse bad data before connecting, so that a call
             # that raises leaves no rank behind holding rows back.
-            _codec.check_data(data)
+            codec.check_data(data)
             stream = self._live_stream()  # may reset self._step in a new process
         current = self._step
         if step is None:
@@ -172,21 +173,21 @@ class Run:
             committed = commit is not False
             after = current + 1 if committed else current
         else:
-            at = step if type(step) is int and 0 <= step <= _codec.MAX_STEP \
-                else _codec.check_step(step)
+            at = step if type(step) is int and 0 <= step <= codec.MAX_STEP \
+                else codec.check_step(step)
             committed = commit is True  # an explicit step stays open until a later step
             after = at + 1 if committed else at
             if after < current:
                 after = current
         # Encode first (it validates data): a record refused here must not move the step.
-        frame = _codec.encode_record(at, committed, data, self._max_record_bytes)
+        frame = codec.encode_record(at, committed, data, self._max_record_bytes)
         self._step = after
         stream.push(frame)
 
     def _send_update(self, kind: int, data: dict[str, Any]) -> None:
         if self._finished:
             raise ClientClosedError("wandb_funnel: update on a finished run")
-        frame = _codec.encode_update(kind, data, self._info.max_record_bytes)
+        frame = codec.encode_update(kind, data, self._info.max_record_bytes)
         self._live_stream().send_control(frame)
 
     def _attach(self, timeout: float) -> bool:
@@ -197,7 +198,7 @@ class Run:
         stream = self._stream
         if stream is not None and stream.pid == _pid.current:
             return stream  # the hot path
-        from ._client import Stream
+        from wandb_funnel._worker.stream import Stream
 
         if stream is None or stream.pid != os.getpid():
             # First use here, or an object that came through fork: a stream of our own, a rank
@@ -219,7 +220,7 @@ class Run:
     # -- the end -------------------------------------------------------------------------------
     def finish(self, exit_code: int | None = None) -> None:
         """End this rank's stream (the owner's: close the whole funnel). Idempotent."""
-        from ._lifecycle import signals_held  # loaded with the stream already
+        from wandb_funnel._worker.lifecycle import signals_held  # loaded with the stream already
 
         # Held from before the flag is set: a handler landing in between would otherwise get
         # a finish() that does nothing, while this one has not closed anything yet.
@@ -254,7 +255,7 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        from ._lifecycle import exit_code_from_exception
+        from wandb_funnel._worker.lifecycle import exit_code_from_exception
 
         self.finish(exit_code_from_exception(exc))
 

@@ -20,10 +20,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import _codec
-from ._config import BATCH_RECORDS, REMOTE_SILENCE
-from ._lifecycle import pid_alive
-from ._records import (
+from wandb_funnel._constants import BATCH_RECORDS, REMOTE_SILENCE
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import (
     Ack,
     Close,
     ConfigUpdate,
@@ -34,7 +33,8 @@ from ._records import (
     SummaryUpdate,
     Welcome,
 )
-from ._transport import LoggerSocket
+from wandb_funnel._protocol.sockets import LoggerSocket
+from wandb_funnel._worker.lifecycle import pid_alive
 
 _TICK = 0.05  # seconds between checks when the socket is quiet
 # A receiver that has not seen its socket empty for this long is behind on its input. (Idle,
@@ -213,8 +213,8 @@ class Receiver(threading.Thread):
             ):
                 continue
             try:
-                decoded = _codec.decode(frames[0], self._max_frame)
-            except _codec.DecodeError:
+                decoded = codec.decode(frames[0], self._max_frame)
+            except codec.DecodeError:
                 self.junk_frames += 1
                 continue
             self._handle(identity, decoded)
@@ -225,7 +225,7 @@ class Receiver(threading.Thread):
         ``frame`` is not a batch from a known peer, or fits: it then goes the normal way.
         (Its records are not checked: a malformed batch is counted as dropped, not junk.)"""
         peer = self._peers.get(identity)
-        header = _codec.peek_batch(frame) if len(frame) <= self._max_frame else None
+        header = codec.peek_batch(frame) if len(frame) <= self._max_frame else None
         if peer is None or header is None or self._queued + header[1] <= self._max_queued:
             return False
         peer.last_seen = time.monotonic()
@@ -260,7 +260,7 @@ class Receiver(threading.Thread):
                 self._drop(missing, "a worker's queue was full", peer.rank)
             self._end(peer, gone=False, exit_code=message.exit_code)
             # The receipt lets the worker know (and say) whether anything went missing.
-            self._sock.reply(identity, _codec.encode_ack(Ack(peer.received)))
+            self._sock.reply(identity, codec.encode_ack(Ack(peer.received)))
         elif isinstance(message, ConfigUpdate):
             self.events.put(Update(peer.rank, "config", message.data))
         elif isinstance(message, SummaryUpdate):
@@ -284,7 +284,7 @@ class Receiver(threading.Thread):
                 rank, hello.pid, hello.host, hello.pid_start, time.monotonic()
             )
             self.events.put(Attached(rank))
-        self._sock.reply(identity, _codec.encode_welcome(Welcome(peer.rank)))
+        self._sock.reply(identity, codec.encode_welcome(Welcome(peer.rank)))
 
     def _records(
         self, peer: _Peer, first_seq: int, count: int, records: list[Record] | None

@@ -14,10 +14,10 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._config import REDUCERS, RUN_MODES
+from wandb_funnel._constants import REDUCERS, RUN_MODES
 
 if TYPE_CHECKING:  # the logger's module: a worker that imports this never loads it
-    from ._ordering import Row
+    from wandb_funnel._logger.ordering import Row
 
 Reducer = Callable[[list[Any]], Any]
 

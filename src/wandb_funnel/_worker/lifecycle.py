@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-from ._config import EXIT_EXCEPTION, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
+from wandb_funnel._constants import EXIT_EXCEPTION, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM
 
 # The exit status a signal's handler chose while our atexit hook ran: ("code", n) or
 # ("signal", signum). Applied by _keep_exit_code, registered here, before multiprocessing.util
@@ -68,7 +68,7 @@ atexit.register(_keep_exit_code)
 
 import multiprocessing.util  # noqa: E402  (after the keeper: its atexit hook must run later)
 
-from . import _signal_watch  # noqa: E402
+from wandb_funnel._worker import signal_watch  # noqa: E402
 
 ShutdownCallback = Callable[[int, str], None]  # (exit_code, reason)
 
@@ -334,7 +334,7 @@ def install_sigterm_hook() -> None:
     if current is not _on_sigterm:
         _previous_sigterm = current
         signal.signal(signal.SIGTERM, _on_sigterm)
-    _signal_watch.arm(lambda: sigterm_runs)  # the handler runs even if SIGTERM lands badly
+    signal_watch.arm(lambda: sigterm_runs)  # the handler runs even if SIGTERM lands badly
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

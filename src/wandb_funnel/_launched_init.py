@@ -20,10 +20,10 @@ import os
 import socket
 from typing import Any
 
-from ._config import ENV_BIND_ADDR, ENV_RANK_PID
-from ._dist_env import DistEnv
-from ._run import AttachInfo, Run
-from .errors import LoggerStartError
+from wandb_funnel._constants import ENV_BIND_ADDR, ENV_RANK_PID
+from wandb_funnel._launcher_env import DistEnv
+from wandb_funnel._worker.run import AttachInfo, Run
+from wandb_funnel.errors import LoggerStartError
 
 _generations = itertools.count()
 
@@ -80,8 +80,8 @@ def init_distributed(
 ) -> Run:
     """Attach this rank, hosting the logger if it is the hosting rank. Never waits unbounded:
     a rank whose host failed gets a LoggerStartError within ``timeout`` seconds."""
-    from .integrations.torchrun import Rendezvous
-    from .sinks.wandb import generate_run_id
+    from wandb_funnel._rendezvous import Rendezvous
+    from wandb_funnel._wandb import generate_run_id
 
     # The hosting rank needs wandb.setup() and up to `timeout` for the logger; the others wait
     # for it with room to spare, so a slow but healthy host is not mistaken for a failed one.
@@ -108,7 +108,7 @@ def init_distributed(
     os.environ[ENV_RANK_PID] = str(os.getpid())  # children of this rank are not ranks of the job
 
     if hosting:
-        from ._funnel import Funnel
+        from wandb_funnel._owner.funnel import Funnel
 
         try:  # whatever fails here is published, so the other ranks fail at once too
             funnel = Funnel(run_mode=run_mode, **funnel_kwargs, **wandb_init_kwargs, id=prefix)

@@ -19,8 +19,7 @@ import warnings
 import weakref
 from typing import Any
 
-from . import _codec, _lifecycle
-from ._config import (
+from wandb_funnel._constants import (
     BATCH_BYTES,
     BATCH_RECORDS,
     EXIT_SIGINT,
@@ -30,9 +29,11 @@ from ._config import (
     HEARTBEAT_INTERVAL,
     SEND_HWM,
 )
-from ._records import Ack, Goodbye, Hello, Welcome
-from ._transport import ClientSocket, term_process_context
-from .errors import ClientClosedError, FunnelWarning
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import Ack, Goodbye, Hello, Welcome
+from wandb_funnel._protocol.sockets import ClientSocket, term_process_context
+from wandb_funnel._worker import lifecycle
+from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
 _HOSTNAME = socket.gethostname()
 
@@ -69,9 +70,9 @@ class Stream:
         self.closed = False
         self._sock = ClientSocket(endpoint, self._identity, SEND_HWM, curve)
         hello = Hello(
-            token, self.pid, _HOSTNAME, requested_rank, _lifecycle.pid_start_time(self.pid)
+            token, self.pid, _HOSTNAME, requested_rank, lifecycle.pid_start_time(self.pid)
         )
-        self._sock.try_send(_codec.encode_hello(hello))  # a fresh queue always has room
+        self._sock.try_send(codec.encode_hello(hello))  # a fresh queue always has room
         _register(self)
 
     # -- the hot path ----------------------------------------------------------------------
@@ -107,7 +108,7 @@ class Stream:
                 if not batch:
                     return
                 first, count = self._seq, len(batch)
-                frame = _codec.encode_batch(first, batch)
+                frame = codec.encode_batch(first, batch)
                 # Allocated before the check (an allocation may run the GC, and a __del__ a
                 # pending handler); from the check on, only stores: no handler runs between.
                 fresh: list[bytes] = []
@@ -164,7 +165,7 @@ class Stream:
                 and now - self._last_sent >= HEARTBEAT_INTERVAL
                 # An empty batch: "still here". A logger on another host cannot see our pid,
                 # so it tells a quiet rank from a dead one by these.
-                and self._sock.try_send(_codec.encode_batch(self._seq, []))
+                and self._sock.try_send(codec.encode_batch(self._seq, []))
             ):
                 self._last_sent = now
         finally:
@@ -177,7 +178,7 @@ class Stream:
         """Send what is left and a goodbye, wait for the logger's receipt; all within
         ``timeout`` seconds. Warns with numbers when anything may be missing from the run."""
         # A signal landing meanwhile waits for the goodbye (its handler may exit the process).
-        with _lifecycle.signals_held():
+        with lifecycle.signals_held():
             self._close(reason, timeout, exit_code)
 
     def _close(self, reason: str, timeout: float, exit_code: int) -> None:
@@ -193,7 +194,7 @@ class Stream:
                 return max(0.0, deadline - time.monotonic()) if alive else 0.0
 
             self._send_batch(left())
-            goodbye = _codec.encode_goodbye(Goodbye(self._seq, reason, exit_code))
+            goodbye = codec.encode_goodbye(Goodbye(self._seq, reason, exit_code))
             said_goodbye = self._sock.send_within(goodbye, left())
             received = self._await_ack(deadline) if said_goodbye and alive else None
             self.closed = True
@@ -238,7 +239,7 @@ class Stream:
         """False only when we know for sure: the logger's pid is on this host and gone."""
         if self._logger_pid is None or self._logger_host not in (None, _HOSTNAME):
             return True
-        return _lifecycle.pid_alive(self._logger_pid)
+        return lifecycle.pid_alive(self._logger_pid)
 
     # -- the rank the logger assigned ------------------------------------------------------
     def wait_welcome(self, timeout: float) -> bool:
@@ -264,8 +265,8 @@ class Stream:
         if frame is None:
             return None
         try:
-            message = _codec.decode(frame, 1 << 16)
-        except _codec.DecodeError:
+            message = codec.decode(frame, 1 << 16)
+        except codec.DecodeError:
             return None
         if isinstance(message, Welcome):
             self._rank = message.rank
@@ -319,8 +320,8 @@ def _register(stream: Stream) -> None:
                 target=_flush_loop, args=(_flusher_stop,), name="wandb-funnel-flush", daemon=True
             ).start()
     # Streams close before a funnel the same process owns (priority 0 < 10).
-    _lifecycle.add_shutdown_callback(_close_all_on_exit, priority=0)
-    _lifecycle.add_flush_callback(flush_all)
+    lifecycle.add_shutdown_callback(_close_all_on_exit, priority=0)
+    lifecycle.add_flush_callback(flush_all)
 
 
 def _unregister(stream: Stream) -> None:

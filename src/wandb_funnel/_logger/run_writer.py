@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._ordering import Reorderer, Row
-from ._receiver import log
-from ._reduce import RowBuilder
-from .sinks import Sink
+from wandb_funnel._logger.ordering import Reorderer, Row
+from wandb_funnel._logger.receiver import log
+from wandb_funnel._logger.reduce import RowBuilder
+from wandb_funnel._logger.sinks import Sink
 
 _FINISH_SLICE = 1_000  # rows released at a time while finishing
 

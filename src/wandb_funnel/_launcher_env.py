@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from ._config import ENV_RANK_PID
+from wandb_funnel._constants import ENV_RANK_PID
 
 
 class DistEnv(NamedTuple):

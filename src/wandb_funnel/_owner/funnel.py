@@ -14,8 +14,7 @@ import warnings
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from . import _client, _lifecycle
-from ._config import (
+from wandb_funnel._constants import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_MAX_PENDING_ROWS,
     DEFAULT_MAX_RECORD_BYTES,
@@ -24,10 +23,16 @@ from ._config import (
     DEFAULT_STEP_KEY,
     EXPORTED_ENV,
 )
-from ._reduce import check_reduce, check_run_mode
-from ._run import AttachInfo, Run
-from ._transport import client_curve, new_curve_keys, private_ipc_endpoint, remove_ipc_dir
-from .errors import FunnelWarning, LoggerStartError
+from wandb_funnel._logger.reduce import check_reduce, check_run_mode
+from wandb_funnel._protocol.sockets import (
+    client_curve,
+    new_curve_keys,
+    private_ipc_endpoint,
+    remove_ipc_dir,
+)
+from wandb_funnel._worker import lifecycle, stream
+from wandb_funnel._worker.run import AttachInfo, Run
+from wandb_funnel.errors import FunnelWarning, LoggerStartError
 
 if TYPE_CHECKING:
     import subprocess
@@ -49,7 +54,7 @@ def _check_positive(name: str, value: Any) -> float:
 
 def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """wandb.init kwargs as plain JSON data for the logger process (no pickle anywhere)."""
-    from .sinks.wandb import settings_to_dict
+    from wandb_funnel._wandb import settings_to_dict
 
     out = dict(kwargs)
     if "settings" in out:
@@ -125,7 +130,7 @@ class Funnel:
         if "id" in wandb_init_kwargs and not isinstance(wandb_init_kwargs["id"], str):
             raise TypeError(f"wandb_funnel: id must be a str, got {wandb_init_kwargs['id']!r}")
         if wandb_init_kwargs.get("id") is None:
-            from .sinks.wandb import generate_run_id
+            from wandb_funnel._wandb import generate_run_id
 
             wandb_init_kwargs["id"] = generate_run_id()
         self._init_kwargs = _portable_init_kwargs(wandb_init_kwargs)
@@ -182,7 +187,7 @@ class Funnel:
         """
         if self._proc is not None:
             raise RuntimeError("wandb_funnel: Funnel.start() called twice")
-        from .sinks.wandb import setup_service
+        from wandb_funnel._wandb import setup_service
 
         # Before any process is spawned, so all of them share one wandb-core.
         self._owns_service = setup_service()
@@ -242,8 +247,8 @@ class Funnel:
         self._tcp_address = ready.get("tcp")
         self._export_env()
         self._run = Run(self.attach_info(), requested_rank=self._owner_rank, funnel=self)
-        _lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
-        from . import _api
+        lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
+        from wandb_funnel import _api
 
         _api.adopt_owner_run(self._run)
         return self
@@ -318,31 +323,31 @@ class Funnel:
         # Held from before the closed flag is set: a handler that runs before the hold closes
         # the funnel itself (this call then finds it closed); one that lands after waits for
         # the close, never cuts it short.
-        with _lifecycle.signals_held():
+        with lifecycle.signals_held():
             with self._close_lock:
                 if self._closed or self._proc is None:
                     return
                 self._closed = True
             code = 0 if exit_code is None else int(exit_code)
             self.exit_code = code
-            _lifecycle.remove_shutdown_callback(self._close_on_exit)
+            lifecycle.remove_shutdown_callback(self._close_on_exit)
             deadline = time.monotonic() + self._close_timeout
             try:
                 self._close_logger(code, deadline)
             finally:
-                _client.close_all("owner closed", max(0.1, deadline - time.monotonic()), code)
+                stream.close_all("owner closed", max(0.1, deadline - time.monotonic()), code)
                 self._restore_env()
                 remove_ipc_dir(self._ipc_dir)
-                from . import _api
+                from wandb_funnel import _api
 
                 _api.forget_run(self._run)
 
     def _close_logger(self, code: int, deadline: float) -> None:
         import subprocess  # already loaded: the logger was started with it
 
-        from ._codec import decode, encode_close
-        from ._records import Close, Done
-        from ._transport import ClientSocket
+        from wandb_funnel._protocol.codec import decode, encode_close
+        from wandb_funnel._protocol.messages import Close, Done
+        from wandb_funnel._protocol.sockets import ClientSocket
 
         proc = self._proc
         assert proc is not None and self._run is not None
@@ -355,8 +360,8 @@ class Funnel:
             )
             return
         # Our own streams (rank 0 and any later init() here) say goodbye first.
-        for stream in _client.open_streams():
-            stream.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())), code)
+        for own in stream.open_streams():
+            own.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())), code)
         # CLOSE goes on a socket of its own that never says hello: it is not a rank.
         closer = ClientSocket(
             self.address,
@@ -404,7 +409,7 @@ class Funnel:
         # Never in a forked copy of the owner: its inherited wandb state would tear down the
         # owner's wandb-core, and with it the logger's run.
         if self._owns_service and os.getpid() == self.owner_pid:
-            from .sinks.wandb import teardown_service
+            from wandb_funnel._wandb import teardown_service
 
             teardown_service(_TEARDOWN_TIMEOUT, exit_code)
 
@@ -417,7 +422,7 @@ class Funnel:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close(_lifecycle.exit_code_from_exception(exc))
+        self.close(lifecycle.exit_code_from_exception(exc))
 
     def __repr__(self) -> str:
         return f"<wandb_funnel.Funnel run_id={self._run_id!r} address={self._address!r}>"

@@ -1,1 +1,0 @@
-"""Integrations with launchers and frameworks; each imports its framework lazily."""
