@@ -7,7 +7,9 @@ wandb run, orders records by step and rank, reduces across ranks, and always fin
 from __future__ import annotations
 
 from wandb_funnel._api import finish, init, log
+from wandb_funnel._options import FunnelOptions
 from wandb_funnel._owner.funnel import Funnel
+from wandb_funnel._version import __version__
 from wandb_funnel._worker.run import Run
 from wandb_funnel.errors import (
     ClientClosedError,
@@ -17,12 +19,11 @@ from wandb_funnel.errors import (
     LoggerUnavailableError,
 )
 
-__version__ = "0.1.0"
-
 __all__ = [
     "ClientClosedError",
     "Funnel",
     "FunnelError",
+    "FunnelOptions",
     "FunnelWarning",
     "LoggerStartError",
     "LoggerUnavailableError",

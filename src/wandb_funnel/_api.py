@@ -4,75 +4,22 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import threading
 import warnings
 from typing import Any
 
-from wandb_funnel import _pid
-from wandb_funnel._constants import (
-    DEFAULT_START_TIMEOUT,
-    ENV_RANK_PID,
-    RANK_SCOPES,
-    WELCOME_TIMEOUT,
-)
-from wandb_funnel._launcher_env import DistEnv
+from wandb_funnel import _current
+from wandb_funnel._constants import ENV_RANK_PID, WELCOME_TIMEOUT
+from wandb_funnel._launched_init import init_launched
 from wandb_funnel._launcher_env import detect as detect_dist_env
+from wandb_funnel._options import FunnelOptions
+from wandb_funnel._owner.funnel import Funnel
 from wandb_funnel._worker.run import AttachInfo, Run
 from wandb_funnel.errors import FunnelWarning
-
-_lock = threading.RLock()
-_current: Run | None = None
-_current_pid = -1
-
-# wf.init() keywords that configure a funnel rather than the wandb run.
-_FUNNEL_KWARGS = (
-    "run_mode",
-    "reduce",
-    "step_key",
-    "close_timeout",
-    "start_timeout",
-    "reorder_window",
-    "max_pending_rows",
-    "max_record_bytes",
-    "rank_scope",
-)
-
-
-def _reset_in_child() -> None:
-    global _current, _current_pid, _lock
-    _current, _current_pid = None, -1
-    _lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def current_run() -> Run | None:
     """This process's current, unfinished Run (never one inherited through fork)."""
-    run = _current
-    if run is None or _current_pid != _pid.current or run.finished:
-        return None
-    return run
-
-
-def _set_current(run: Run) -> None:
-    global _current, _current_pid
-    _current, _current_pid = run, os.getpid()
-
-
-def adopt_owner_run(run: Run) -> None:
-    """A Funnel just started here: its rank-0 run is this process's current run."""
-    with _lock:
-        if current_run() is None:
-            _set_current(run)
-
-
-def forget_run(run: Run | None) -> None:
-    global _current
-    with _lock:
-        if run is not None and _current is run:
-            _current = None
-
+    return _current.get()
 
 def _env_rank() -> int | None:
     """``RANK`` from the launcher, unless it was inherited from a parent that already used it."""
@@ -110,8 +57,8 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
     """
     if rank is not None and (type(rank) is not int or rank < 0):
         raise ValueError(f"wandb_funnel: rank must be a non-negative int, got {rank!r}")
-    with _lock:
-        run = current_run()
+    with _current.lock:
+        run = _current.get()
         if run is not None:
             _apply_config(run, wandb_init_kwargs)
             return run
@@ -119,8 +66,9 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
         if info is None and rank is None:
             env = detect_dist_env()
             if env is not None and env.world_size > 1:
-                run = _init_distributed(env, wandb_init_kwargs)
-                _set_current(run)
+                options, wandb_kwargs = FunnelOptions.split(wandb_init_kwargs)
+                run = init_launched(env, options, wandb_kwargs)
+                _current.set(run)
                 return run
         if info is None:
             if multiprocessing.parent_process() is not None:
@@ -131,12 +79,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
                     FunnelWarning,
                     stacklevel=2,
                 )
-            from wandb_funnel._owner.funnel import Funnel
-
-            kwargs = dict(wandb_init_kwargs)
-            _check_rank_scope(kwargs.pop("rank_scope", "global"))  # one process: one scope
-            funnel = Funnel(**kwargs).start()
-            run = funnel.run
+            run = Funnel(**wandb_init_kwargs).start().run
         else:
             run = Run(info, requested_rank=rank if rank is not None else _env_rank())
             # Like wandb.init, init() returns once the run knows us: the logger then holds
@@ -150,14 +93,8 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
                     stacklevel=2,
                 )
             _apply_config(run, wandb_init_kwargs)
-        _set_current(run)
+        _current.set(run)
         return run
-
-
-def _check_rank_scope(scope: Any) -> str:
-    from wandb_funnel._logger.reduce import check_choice
-
-    return check_choice("rank_scope", scope, RANK_SCOPES)
 
 
 def _mark_launcher_rank() -> None:
@@ -171,29 +108,10 @@ def _mark_launcher_rank() -> None:
 _mark_launcher_rank()
 
 
-def _init_distributed(env: DistEnv, kwargs: dict[str, Any]) -> Run:
-    from wandb_funnel._launched_init import init_distributed
-    from wandb_funnel._logger.reduce import check_run_mode
-
-    kwargs = dict(kwargs)
-    run_mode = check_run_mode(kwargs.pop("run_mode", "auto"))
-    rank_scope = _check_rank_scope(kwargs.pop("rank_scope", "global"))
-    funnel_kwargs = {k: kwargs.pop(k) for k in _FUNNEL_KWARGS if k in kwargs}
-    timeout = float(funnel_kwargs.get("start_timeout", DEFAULT_START_TIMEOUT))
-    return init_distributed(
-        env,
-        run_mode=run_mode,
-        rank_scope=rank_scope,
-        timeout=timeout,
-        funnel_kwargs=funnel_kwargs,
-        wandb_init_kwargs=kwargs,
-    )
-
-
 def _apply_config(run: Run, kwargs: dict[str, Any]) -> None:
     kwargs = dict(kwargs)
     config = kwargs.pop("config", None)
-    ignored = sorted(k for k in kwargs if k not in _FUNNEL_KWARGS)
+    ignored = sorted(k for k in kwargs if k not in FunnelOptions.NAMES)
     if ignored:
         warnings.warn(
             f"wandb-funnel: init() attached to an existing funnel; these arguments belong to "
@@ -209,7 +127,7 @@ def _apply_config(run: Run, kwargs: dict[str, Any]) -> None:
 
 def log(data: dict[str, Any], step: int | None = None, commit: bool | None = None) -> None:
     """Log through this process's current Run, attaching on first use (see ``Run.log``)."""
-    run = current_run()
+    run = _current.get()
     if run is None:
         run = init()
     run.log(data, step=step, commit=commit)
@@ -217,7 +135,7 @@ def log(data: dict[str, Any], step: int | None = None, commit: bool | None = Non
 
 def finish(exit_code: int | None = None) -> None:
     """Finish this process's current Run, if any (the owner's: close the funnel)."""
-    run = current_run()
+    run = _current.get()
     if run is not None:
         run.finish(exit_code)
-        forget_run(run)
+        _current.forget(run)

@@ -22,8 +22,10 @@ from typing import Any
 
 from wandb_funnel._constants import ENV_BIND_ADDR, ENV_RANK_PID
 from wandb_funnel._launcher_env import DistEnv
+from wandb_funnel._options import FunnelOptions, PerRankRuns, Topology
+from wandb_funnel._owner.funnel import Funnel
 from wandb_funnel._worker.run import AttachInfo, Run
-from wandb_funnel.errors import LoggerStartError
+from wandb_funnel.errors import LoggerStartError, LoggerUnavailableError
 
 _generations = itertools.count()
 
@@ -69,20 +71,18 @@ def route_ip(master_addr: str | None) -> str:
         return target
 
 
-def init_distributed(
-    env: DistEnv,
-    *,
-    run_mode: str,
-    rank_scope: str,
-    timeout: float,
-    funnel_kwargs: dict[str, Any],
-    wandb_init_kwargs: dict[str, Any],
+def init_launched(
+    env: DistEnv, options: FunnelOptions, wandb_init_kwargs: dict[str, Any]
 ) -> Run:
     """Attach this rank, hosting the logger if it is the hosting rank. Never waits unbounded:
-    a rank whose host failed gets a LoggerStartError within ``timeout`` seconds."""
+    a rank whose host failed gets a LoggerStartError within ``start_timeout`` seconds, and a
+    rank whose logger is gone or silent a LoggerUnavailableError."""
+    # Here, not at the top: torch (the job's store) loads only in a launched job.
     from wandb_funnel._rendezvous import Rendezvous
     from wandb_funnel._wandb import generate_run_id
 
+    timeout = options.start_timeout
+    wandb_init_kwargs = dict(wandb_init_kwargs)
     # The hosting rank needs wandb.setup() and up to `timeout` for the logger; the others wait
     # for it with room to spare, so a slow but healthy host is not mistaken for a failed one.
     rendezvous = Rendezvous(env, next(_generations), 2 * timeout + 30)
@@ -93,35 +93,37 @@ def init_distributed(
     elif base is None:
         base = rendezvous.wait("base", "run id")["id"]
 
-    worker_scope = rank_scope == "worker" and env.num_nodes > 1
+    worker_scope = options.rank_scope == "worker" and env.num_nodes > 1
     node = env.node_rank
     prefix = f"{base}-worker-{node}" if worker_scope else base
-    per_rank: dict[str, Any] | None = None
-    if run_mode == "new":
-        per_rank = {
-            "id": f"{prefix}-rank-{{local_rank}}" if worker_scope else f"{base}-rank-{{rank}}",
-            "group": prefix,
-            "rank_offset": env.first_rank_on_node,
-        }
+    per_rank: PerRankRuns | None = None
+    if options.run_mode == "new":
+        per_rank = PerRankRuns(
+            id_template=f"{prefix}-rank-{{local_rank}}"
+            if worker_scope
+            else f"{base}-rank-{{rank}}",
+            group_template=prefix,
+            rank_offset=env.first_rank_on_node,
+        )
     hosting = env.local_rank == 0 if worker_scope else env.rank == 0
     key = f"logger/node{node}" if worker_scope else "logger/global"
     os.environ[ENV_RANK_PID] = str(os.getpid())  # children of this rank are not ranks of the job
 
     if hosting:
-        from wandb_funnel._owner.funnel import Funnel
-
+        first = env.first_rank_on_node if worker_scope else 0
+        count = env.local_world_size if worker_scope else env.world_size
         try:  # whatever fails here is published, so the other ranks fail at once too
-            funnel = Funnel(run_mode=run_mode, **funnel_kwargs, **wandb_init_kwargs, id=prefix)
-            funnel._owner_rank = env.rank
-            funnel._first_auto_rank = env.world_size
-            funnel._per_rank = per_rank
-            first = env.first_rank_on_node if worker_scope else 0
-            funnel._expected_ranks = list(
-                range(first, first + (env.local_world_size if worker_scope else env.world_size))
+            topology = Topology(
+                owner_rank=env.rank,
+                first_auto_rank=env.world_size,
+                expected_ranks=tuple(range(first, first + count)),
+                # Ranks on other nodes reach the logger over TCP (one run for the whole job).
+                tcp_host=route_ip(env.master_addr)
+                if not worker_scope and env.num_nodes > 1
+                else None,
+                per_rank=per_rank,
             )
-            if not worker_scope and env.num_nodes > 1:
-                funnel._tcp_host = route_ip(env.master_addr)
-            funnel.start()
+            funnel = Funnel(options, topology=topology, **wandb_init_kwargs, id=prefix).start()
         except BaseException as exc:
             rendezvous.publish(key, {"error": f"{type(exc).__name__}: {exc}"})
             raise
@@ -147,21 +149,24 @@ def init_distributed(
         exported = info.to_env()
         saved = {name: os.environ.get(name) for name in exported}
         os.environ.update(exported)
-        run = Run(info, requested_rank=env.rank)
-        run._on_finish = lambda: _restore_env(saved)
+
+        def forget_exported(exit_code: int | None) -> bool:
+            _restore_env(saved)
+            return False  # the stream still closes as usual
+
+        run = Run(info, requested_rank=env.rank, on_finish=forget_exported)
         if not run._attach(timeout):
             if not run._live_stream().logger_alive():
-                raise LoggerStartError(
+                raise LoggerUnavailableError(
                     f"wandb_funnel: the logger at {info.address} (pid {info.logger_pid}) is "
                     f"gone: the run was closed before rank {env.rank} attached (the hosting "
                     f"rank finished it, or died)"
                 )
-            raise LoggerStartError(
+            raise LoggerUnavailableError(
                 f"wandb_funnel: the logger at {info.address} did not answer rank {env.rank} "
                 f"within {timeout:.0f}s"
             )
     if per_rank is not None:
-        names = {"rank": env.rank, "local_rank": env.local_rank}
-        run_id = str(per_rank["id"]).format(**names)
+        run_id = per_rank.id_template.format(rank=env.rank, local_rank=env.local_rank)
         run._info = run._info._replace(run_id=run_id)
     return run

@@ -20,11 +20,13 @@ class ClientClosedError(FunnelError):
 
 
 class LoggerUnavailableError(FunnelError):
-    """The *other side* failed: the logger process is gone or never answered."""
+    """The *other side* failed: the logger process is gone, or never answered (a launched
+    rank attaching to a logger that its hosting rank already closed, or that is stuck)."""
 
 
-class LoggerStartError(FunnelError):
-    """The logger process could not start or open its wandb run."""
+class LoggerStartError(LoggerUnavailableError):
+    """The logger process could not start or open its wandb run (in a launched job: the
+    hosting rank failed, and every other rank gets its error)."""
 
 
 class FunnelWarning(UserWarning):

@@ -202,6 +202,7 @@ import zmq
 from wandb_funnel._protocol import codec
 from wandb_funnel._constants import ENV_CURVE, ENV_TOKEN
 from wandb_funnel._protocol.messages import Hello
+from wandb_funnel._options import Topology
 from wandb_funnel._protocol.sockets import new_curve_keys
 
 def worker(address):
@@ -213,10 +214,9 @@ def worker(address):
     run.finish()
 
 if __name__ == "__main__":
-    funnel = wf.Funnel(project="t")
-    # What the DDP path does when a scope spans nodes (_ddp.py): listen on TCP as well, with
-    # CURVE. No torchrun needed to get the real listener, keys and ZAP allow-list.
-    funnel._tcp_host = "127.0.0.1"
+    # What a launched job does when its run spans nodes (_launched_init): listen on TCP as
+    # well, with CURVE. No torchrun needed to get the real listener, keys and ZAP allow-list.
+    funnel = wf.Funnel(project="t", topology=Topology(tcp_host="127.0.0.1"))
     with funnel:
         tcp = funnel.tcp_address
         funnel.log({"before": 1}, step=0)

@@ -1,12 +1,14 @@
-"""``python -m wandb_funnel._logger``: the logger process (started by the owner)."""
+"""``python -m wandb_funnel._logger``: the logger process, started by the owner
+(``_owner.logger_process``). Its exit code is the code the run was finished with."""
 
 import os
 import sys
 
 from wandb_funnel._logger.process import main
 
-main()
-# Exit without waiting on anything the wandb SDK left running; the run is finished.
+code = main()
+# Exit without waiting on anything the wandb SDK left running: the run is finished, and a
+# thread of wandb's must not hold the exit (the owner is waiting, bounded, for this process).
 sys.stdout.flush()
 sys.stderr.flush()
-os._exit(0)
+os._exit(code)

@@ -45,7 +45,7 @@ from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.run_writer import Channel
 from wandb_funnel._logger.sinks import Sink
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Done
+from wandb_funnel._protocol.messages import Done, LoggerStart
 from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
 
 _PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
@@ -81,23 +81,23 @@ class Logger:
     """One funnel's writer: routes the receiver's events to channels (one wandb run each)."""
 
     def __init__(
-        self, cfg: dict[str, Any], receiver: Receiver, open_sink: Callable[..., Sink]
+        self, start: LoggerStart, receiver: Receiver, open_sink: Callable[..., Sink]
     ) -> None:
-        self._cfg = cfg
-        self._owner_pid: int = cfg["owner_pid"]
-        self._close_timeout: float = cfg["close_timeout"]
-        self._ipc_dir: str | None = cfg.get("ipc_dir")
+        self._options = start.options
+        self._owner_pid = start.owner_pid
+        self._close_timeout = start.options.close_timeout
+        self._ipc_dir = start.ipc_dir
         self._receiver = receiver
         self._open_sink = open_sink
-        self._per_rank: dict[str, Any] | None = cfg.get("per_rank")  # run_mode="new"
+        self._per_rank = start.topology.per_rank  # run_mode="new": a run per rank
         self._channels: dict[int | None, Channel] = {}
         if self._per_rank is None:
             channel = self._channels[None] = self._new_channel(
-                open_sink({}), cfg["init_kwargs"]["id"]
+                open_sink({}), start.run_id
             )
             # A launched job's ranks are known before they attach: rows wait for them from
             # the start (within the window), so ranks that start a little later still merge.
-            for rank in cfg.get("expected_ranks", ()):
+            for rank in start.topology.expected_ranks:
                 channel.order.rank_attached(rank)
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
@@ -111,12 +111,12 @@ class Logger:
         self.final_stats: dict[str, Any] | None = None
 
     def _new_channel(self, sink: Sink | None, name: str) -> Channel:
-        cfg = self._cfg
-        mode = "shared" if cfg["run_mode"] == "shared" else "auto"
+        options = self._options
+        mode = "shared" if options.run_mode == "shared" else "auto"
         return Channel(
             sink,
-            Reorderer(cfg["reorder_window"], cfg["max_pending_rows"]),
-            RowBuilder(mode, cfg["reduce"], cfg["step_key"]),
+            Reorderer(options.reorder_window, options.max_pending_rows),
+            RowBuilder(mode, options.reduce, options.step_key),
             name,
         )
 
@@ -127,11 +127,11 @@ class Logger:
         channel = self._channels.get(rank)
         if channel is None:
             per = self._per_rank
-            names = {"rank": rank, "local_rank": rank - per["rank_offset"]}
-            run_id = per["id"].format(**names)
+            names = per.names(rank)
+            run_id = per.id_template.format(**names)
             sink: Sink | None
             try:
-                sink = self._open_sink({"id": run_id, "group": per["group"].format(**names)})
+                sink = self._open_sink({"id": run_id, "group": per.group_template.format(**names)})
             except Exception as exc:
                 log(f"could not open run {run_id!r} for rank {rank}: {exc!r}")
                 sink = None
@@ -352,16 +352,17 @@ def _write_ready(fd: int, payload: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    """Entry point of ``python -m wandb_funnel._logger``; config arrives as JSON on stdin."""
-    cfg = json.loads(sys.stdin.buffer.read())
-    ready_fd: int = cfg["ready_fd"]
+    """Entry point of ``python -m wandb_funnel._logger``: the start message arrives on stdin.
+    Returns the exit code the run was finished with (1 when it could not be opened)."""
+    start = LoggerStart.from_json(sys.stdin.buffer.read())
+    ready_fd = start.ready_fd
     # Until serve() installs its handlers, a stray Ctrl-C must not kill a half-made run.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    max_frame = int(cfg["max_record_bytes"]) + BATCH_BYTES + 4096
+    max_frame = start.options.max_record_bytes + BATCH_BYTES + 4096
     sock: LoggerSocket | None = None
     try:
         def open_sink(overrides: dict[str, Any]) -> Sink:
-            kwargs = {**cfg["init_kwargs"], **overrides}
+            kwargs = {**start.init_kwargs, **overrides}
             if os.environ.get(ENV_SINK) == "null":  # the funnel alone, no wandb
                 from wandb_funnel._logger.null_sink import NullSink
 
@@ -369,23 +370,23 @@ def main() -> int:
                 return NullSink(kwargs["id"])
             from wandb_funnel._wandb import WandbSink
 
-            return WandbSink(kwargs, cfg["step_key"])
+            return WandbSink(kwargs, start.options.step_key)
 
         sock = LoggerSocket(
-            cfg["address"], _PEER_RCV_HWM, max_frame, cfg.get("tcp_host"), cfg.get("curve")
+            start.address, _PEER_RCV_HWM, max_frame, start.topology.tcp_host, start.curve
         )
         receiver = Receiver(
-            sock, cfg["token"], max_frame, _MAX_QUEUED_RECORDS, cfg.get("first_auto_rank", 1)
+            sock, start.token, max_frame, _MAX_QUEUED_RECORDS, start.topology.first_auto_rank
         )
-        logger = Logger(cfg, receiver, open_sink)  # opens the run (but in run_mode="new")
+        logger = Logger(start, receiver, open_sink)  # opens the run (but in run_mode="new")
     except BaseException as exc:
         if sock is not None:
             sock.close()
-        remove_ipc_dir(cfg.get("ipc_dir"))
+        remove_ipc_dir(start.ipc_dir)
         _write_ready(ready_fd, {"error": f"{type(exc).__name__}: {exc}"})
         return 1
     receiver.start()
-    ready = {"run_id": cfg["init_kwargs"]["id"], "pid": os.getpid(), "tcp": sock.tcp_endpoint}
+    ready = {"run_id": start.run_id, "pid": os.getpid(), "tcp": sock.tcp_endpoint}
     _write_ready(ready_fd, ready)
     try:
         return logger.serve()
@@ -396,5 +397,5 @@ def main() -> int:
             sock.reply(receiver.closer, codec.encode_done(Done(stats)))
         if not receiver.is_alive():
             sock.close()
-        remove_ipc_dir(cfg.get("ipc_dir"))
+        remove_ipc_dir(start.ipc_dir)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wandb_funnel._constants import BATCH_RECORDS, REMOTE_SILENCE
+from wandb_funnel._pid import pid_alive
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import (
     Ack,
@@ -34,7 +35,6 @@ from wandb_funnel._protocol.messages import (
     Welcome,
 )
 from wandb_funnel._protocol.sockets import LoggerSocket
-from wandb_funnel._worker.lifecycle import pid_alive
 
 _TICK = 0.05  # seconds between checks when the socket is quiet
 # A receiver that has not seen its socket empty for this long is behind on its input. (Idle,

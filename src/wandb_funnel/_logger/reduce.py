@@ -14,8 +14,6 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from wandb_funnel._constants import REDUCERS, RUN_MODES
-
 if TYPE_CHECKING:  # the logger's module: a worker that imports this never loads it
     from wandb_funnel._logger.ordering import Row
 
@@ -81,44 +79,6 @@ def _reduce(name: str, values: list[Any]) -> Any:
         return values[0]
 
 
-def check_reduce(reduce: Any) -> dict[str, str]:
-    """Validate ``reduce=`` (None, a reducer name for every key, or {key or glob: name})."""
-    if reduce is None:
-        return {}
-    if isinstance(reduce, str):
-        reduce = {"*": reduce}
-    if not isinstance(reduce, Mapping):
-        raise TypeError(
-            f"wandb_funnel: reduce must be None, a reducer name or a dict, got "
-            f"{type(reduce).__name__}"
-        )
-    out: dict[str, str] = {}
-    for key, name in reduce.items():
-        if not isinstance(key, str):
-            raise TypeError(f"wandb_funnel: reduce keys must be str, got {key!r}")
-        if name not in REDUCERS:
-            raise ValueError(
-                f"wandb_funnel: unknown reducer {name!r} for key {key!r}; "
-                f"choose one of {', '.join(REDUCERS)}"
-            )
-        out[key] = name
-    return out
-
-
-def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``choices``; else a ValueError naming ``name`` and them."""
-    if value not in choices:
-        raise ValueError(
-            f"wandb_funnel: {name} must be one of {', '.join(map(repr, choices))}, "
-            f"got {value!r}"
-        )
-    return str(value)
-
-
-def check_run_mode(run_mode: Any) -> str:
-    return check_choice("run_mode", run_mode, RUN_MODES)
-
-
 def flatten(
     data: Mapping[str, Any], prefix: str = "", out: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -146,7 +106,7 @@ class RowBuilder:
     """Builds wandb rows for one run from released Rows."""
 
     def __init__(self, run_mode: str, reduce: Mapping[str, str], step_key: str) -> None:
-        self._mode = check_run_mode(run_mode)
+        self._mode = run_mode
         self._explicit = dict(reduce)
         self._globs = [(k, v) for k, v in self._explicit.items() if any(c in k for c in "*?[")]
         self._step_key = step_key

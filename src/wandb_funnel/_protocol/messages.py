@@ -6,7 +6,10 @@ NamedTuples, not dataclasses: every worker imports this module, and ``dataclasse
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final, NamedTuple
+
+from wandb_funnel._options import FunnelOptions, Topology
 
 PROTOCOL_VERSION: Final = 1
 
@@ -98,3 +101,49 @@ class Done(NamedTuple):
 Message = (
     Hello | RecordBatch | ConfigUpdate | SummaryUpdate | Goodbye | Close | Welcome | Done | Ack
 )
+
+
+class LoggerStart(NamedTuple):
+    """What the owner tells the logger process it starts, as JSON on the logger's stdin (a
+    pipe between two processes of one user; never on the socket). ``init_kwargs`` are
+    ``wandb.init``'s arguments, already plain data. The logger validates it all again."""
+
+    address: str
+    ipc_dir: str | None
+    token: str
+    owner_pid: int
+    ready_fd: int
+    options: FunnelOptions
+    topology: Topology
+    init_kwargs: dict[str, Any]
+    curve: dict[str, str] | None = None  # the server's CURVE keys, when listening on TCP
+
+    @property
+    def run_id(self) -> str:
+        return str(self.init_kwargs["id"])
+
+    def to_json(self) -> bytes:
+        data = self._asdict()
+        data["options"] = self.options.to_wire()
+        data["topology"] = self.topology.to_wire()
+        return json.dumps(data).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> LoggerStart:
+        try:
+            data = json.loads(raw)
+            start = cls(
+                address=str(data["address"]),
+                ipc_dir=data["ipc_dir"],
+                token=str(data["token"]),
+                owner_pid=int(data["owner_pid"]),
+                ready_fd=int(data["ready_fd"]),
+                options=FunnelOptions.from_wire(data["options"]),
+                topology=Topology.from_wire(data["topology"]),
+                init_kwargs=dict(data["init_kwargs"]),
+                curve=data["curve"],
+            )
+            _ = start.run_id
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"wandb_funnel: malformed logger start message: {exc}") from exc
+        return start

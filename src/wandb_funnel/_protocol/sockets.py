@@ -117,6 +117,12 @@ def client_curve(keys: dict[str, str]) -> dict[str, str]:
     return {k: keys[k] for k in ("server_public", "client_public", "client_secret")}
 
 
+# ROUTER identities that start with a zero byte are ZeroMQ's own (generated ones); ours start
+# with a byte that says which kind of peer is talking, and never collide with those.
+STREAM_PREFIX: Final = b"\x01"  # a stream: one rank of one process (HELLO, records, GOODBYE)
+CLOSER_PREFIX: Final = b"\x02"  # the owner's CLOSE socket: never a rank
+
+
 class ClientSocket:
     """One stream's DEALER socket. Not thread-safe: the caller serialises use."""
 
@@ -137,7 +143,10 @@ class ClientSocket:
             self._sock.connect(endpoint)
         except zmq.ZMQError as exc:
             self._sock.close(linger=0)
-            raise ValueError(f"wandb_funnel: cannot connect to {endpoint!r}: {exc}") from exc
+            # pyzmq's own error, kept (errno and all), with the address that failed.
+            raise zmq.ZMQError(
+                exc.errno, f"{exc.strerror} (wandb_funnel: connecting to {endpoint!r})"
+            ) from exc
         self._closed = False
         self._busy = 0  # calls into pyzmq in progress on this (the caller's) thread
         self._close_linger: int | None = None  # a close that waits for them, in ms

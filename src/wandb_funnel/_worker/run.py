@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from wandb_funnel import _pid
 from wandb_funnel._constants import (
@@ -23,11 +23,9 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import CONFIG, SUMMARY
+from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
+from wandb_funnel._worker.stream import Stream
 from wandb_funnel.errors import ClientClosedError
-
-if TYPE_CHECKING:
-    from wandb_funnel._owner.funnel import Funnel
-    from wandb_funnel._worker.stream import Stream
 
 
 class AttachInfo(NamedTuple):
@@ -109,16 +107,22 @@ class Run:
     """
 
     def __init__(
-        self, info: AttachInfo, requested_rank: int | None, funnel: Funnel | None = None
+        self,
+        info: AttachInfo,
+        requested_rank: int | None,
+        on_finish: Callable[[int | None], bool] | None = None,
     ) -> None:
+        """``on_finish(exit_code)`` runs once, first thing in ``finish()``; it returns True
+        when it has ended this rank's stream itself (the owner's Funnel closing everything),
+        False to let ``finish()`` close the stream as usual (a launched rank forgetting the
+        variables it exported)."""
         self._info = info
         self._max_record_bytes = info.max_record_bytes  # read by every log()
         self._requested_rank = requested_rank
-        self._funnel = funnel  # set for the owner's rank-0 run: finishing it closes the funnel
+        self._on_finish = on_finish
         self._stream: Stream | None = None
         self._step = 0
         self._finished = False
-        self._on_finish: Callable[[], None] | None = None  # e.g. forget exported variables
         self.config = _Config(self)
         self.summary = _Summary(self)
 
@@ -198,8 +202,6 @@ class Run:
         stream = self._stream
         if stream is not None and stream.pid == _pid.current:
             return stream  # the hot path
-        from wandb_funnel._worker.stream import Stream
-
         if stream is None or stream.pid != os.getpid():
             # First use here, or an object that came through fork: a stream of our own, a rank
             # of our own, steps from 0. Never the parent's socket.
@@ -220,8 +222,6 @@ class Run:
     # -- the end -------------------------------------------------------------------------------
     def finish(self, exit_code: int | None = None) -> None:
         """End this rank's stream (the owner's: close the whole funnel). Idempotent."""
-        from wandb_funnel._worker.lifecycle import signals_held  # loaded with the stream already
-
         # Held from before the flag is set: a handler landing in between would otherwise get
         # a finish() that does nothing, while this one has not closed anything yet.
         with signals_held():
@@ -231,10 +231,7 @@ class Run:
         if self._finished:
             return
         self._finished = True
-        if self._on_finish is not None:
-            self._on_finish()
-        if self._funnel is not None and self._funnel.owner_pid == os.getpid():
-            self._funnel.close(exit_code)
+        if self._on_finish is not None and self._on_finish(exit_code):
             return
         stream = self._stream
         if stream is not None and stream.pid == os.getpid():
@@ -255,8 +252,6 @@ class Run:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        from wandb_funnel._worker.lifecycle import exit_code_from_exception
-
         self.finish(exit_code_from_exception(exc))
 
     # -- crossing into another process -------------------------------------------------------

@@ -19,6 +19,7 @@ import warnings
 import weakref
 from typing import Any
 
+from wandb_funnel import _pid
 from wandb_funnel._constants import (
     BATCH_BYTES,
     BATCH_RECORDS,
@@ -31,7 +32,7 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Ack, Goodbye, Hello, Welcome
-from wandb_funnel._protocol.sockets import ClientSocket, term_process_context
+from wandb_funnel._protocol.sockets import STREAM_PREFIX, ClientSocket, term_process_context
 from wandb_funnel._worker import lifecycle
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
@@ -55,7 +56,7 @@ class Stream:
         self._logger_pid = logger_pid
         self._logger_host = logger_host
         # ZeroMQ reserves routing ids that start with a zero byte.
-        self._identity = b"\x01" + os.urandom(11)
+        self._identity = STREAM_PREFIX + os.urandom(11)
         self._lock = threading.RLock()
         self._buf: list[bytes] = []
         self._buf_bytes = 0
@@ -70,7 +71,7 @@ class Stream:
         self.closed = False
         self._sock = ClientSocket(endpoint, self._identity, SEND_HWM, curve)
         hello = Hello(
-            token, self.pid, _HOSTNAME, requested_rank, lifecycle.pid_start_time(self.pid)
+            token, self.pid, _HOSTNAME, requested_rank, _pid.pid_start_time(self.pid)
         )
         self._sock.try_send(codec.encode_hello(hello))  # a fresh queue always has room
         _register(self)
@@ -239,7 +240,7 @@ class Stream:
         """False only when we know for sure: the logger's pid is on this host and gone."""
         if self._logger_pid is None or self._logger_host not in (None, _HOSTNAME):
             return True
-        return lifecycle.pid_alive(self._logger_pid)
+        return _pid.pid_alive(self._logger_pid)
 
     # -- the rank the logger assigned ------------------------------------------------------
     def wait_welcome(self, timeout: float) -> bool:

@@ -1,0 +1,225 @@
+"""The funnel's options: each one defined, documented and validated here, and nowhere else.
+
+``wf.init(**kwargs)`` and ``Funnel(**kwargs)`` take them mixed with ``wandb.init``'s own
+arguments: ``FunnelOptions.split`` takes ours out and leaves wandb's. The owner validates
+them once, at the call site; the logger process gets them inside its start message
+(``_protocol.messages.LoggerStart``) and validates them again, because a message is input.
+
+A plain class, not a dataclass: every worker imports this module, and ``dataclasses`` pulls
+in ``inspect`` (a worker's import must stay light; ``tests/test_exports.py`` holds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from wandb_funnel._constants import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_MAX_PENDING_ROWS,
+    DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_REORDER_WINDOW,
+    DEFAULT_START_TIMEOUT,
+    DEFAULT_STEP_KEY,
+    RANK_SCOPES,
+    REDUCERS,
+    RUN_MODES,
+)
+
+__all__ = ["FunnelOptions", "PerRankRuns", "Topology"]
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(
+            f"wandb_funnel: {name} must be one of {', '.join(map(repr, choices))}, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def _number(name: str, value: Any, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise TypeError(f"wandb_funnel: {name} must be a number, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"wandb_funnel: {name} must be a positive number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"wandb_funnel: {name} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: Any) -> int:
+    if type(value) is not int:
+        raise TypeError(f"wandb_funnel: {name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"wandb_funnel: {name} must be >= 1, got {value!r}")
+    return value
+
+
+def _reducers(reduce: Any) -> dict[str, str]:
+    """``reduce=``: None, one reducer name for every key, or ``{key or glob: name}``."""
+    if reduce is None:
+        return {}
+    if isinstance(reduce, str):
+        reduce = {"*": reduce}
+    if not isinstance(reduce, Mapping):
+        raise TypeError(
+            f"wandb_funnel: reduce must be None, a reducer name or a dict, got "
+            f"{type(reduce).__name__}"
+        )
+    out: dict[str, str] = {}
+    for key, name in reduce.items():
+        if not isinstance(key, str):
+            raise TypeError(f"wandb_funnel: reduce keys must be str, got {key!r}")
+        if name not in REDUCERS:
+            raise ValueError(
+                f"wandb_funnel: unknown reducer {name!r} for key {key!r}; "
+                f"choose one of {', '.join(REDUCERS)}"
+            )
+        out[key] = name
+    return out
+
+
+class FunnelOptions:
+    """How the funnel merges, orders and closes; everything else goes to ``wandb.init``.
+
+    Args:
+        run_mode: ``"auto"`` (a key logged by one rank appears as it is; a key logged by
+            several is reduced), ``"shared"`` (every rank's value as ``{key}/rank{rank}``),
+            or ``"new"`` (in a launched job: one wandb run per rank, grouped).
+        reduce: the reducer per key: ``"mean"``, ``"sum"``, ``"min"``, ``"max"`` or
+            ``"first"``; a dict of key or glob to reducer, or one reducer for every key.
+            Keys without one are averaged.
+        step_key: the x-axis key every row carries (declared with ``define_metric``).
+        close_timeout: seconds that closing may take in all, whatever wandb does.
+        start_timeout: seconds to wait for the logger to open the run.
+        reorder_window: seconds a row may wait for a straggling rank.
+        max_pending_rows: rows held for ordering before the oldest is written anyway.
+        max_record_bytes: the largest encoded record ``log()`` accepts.
+        rank_scope: in a launched job on several nodes, ``"global"`` (one run for the job)
+            or ``"worker"`` (one per node).
+
+    Raises:
+        TypeError, ValueError: an option of the wrong type or out of range, named.
+    """
+
+    __slots__ = (
+        "close_timeout",
+        "max_pending_rows",
+        "max_record_bytes",
+        "rank_scope",
+        "reduce",
+        "reorder_window",
+        "run_mode",
+        "start_timeout",
+        "step_key",
+    )
+    NAMES = frozenset(__slots__)
+
+    run_mode: str
+    reduce: dict[str, str]
+    step_key: str
+    close_timeout: float
+    start_timeout: float
+    reorder_window: float
+    max_pending_rows: int
+    max_record_bytes: int
+    rank_scope: str
+
+    def __init__(
+        self,
+        *,
+        run_mode: str = "auto",
+        reduce: Any = None,
+        step_key: str = DEFAULT_STEP_KEY,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        reorder_window: float = DEFAULT_REORDER_WINDOW,
+        max_pending_rows: int = DEFAULT_MAX_PENDING_ROWS,
+        max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        rank_scope: str = "global",
+    ) -> None:
+        if not isinstance(step_key, str) or not step_key:
+            raise ValueError(f"wandb_funnel: step_key must be a non-empty str, got {step_key!r}")
+        self.run_mode = _choice("run_mode", run_mode, RUN_MODES)
+        self.reduce = _reducers(reduce)
+        self.step_key = step_key
+        self.close_timeout = _number("close_timeout", close_timeout, positive=True)
+        self.start_timeout = _number("start_timeout", start_timeout, positive=True)
+        self.reorder_window = _number("reorder_window", reorder_window, positive=False)
+        self.max_pending_rows = _count("max_pending_rows", max_pending_rows)
+        self.max_record_bytes = _count("max_record_bytes", max_record_bytes)
+        self.rank_scope = _choice("rank_scope", rank_scope, RANK_SCOPES)
+
+    @classmethod
+    def split(cls, kwargs: Mapping[str, Any]) -> tuple[FunnelOptions, dict[str, Any]]:
+        """Our options from ``kwargs``, validated, and what is left for ``wandb.init``."""
+        ours = {k: v for k, v in kwargs.items() if k in cls.NAMES}
+        rest = {k: v for k, v in kwargs.items() if k not in cls.NAMES}
+        return cls(**ours), rest
+
+    def to_wire(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    @classmethod
+    def from_wire(cls, data: Any) -> FunnelOptions:
+        if not isinstance(data, Mapping) or set(data) != cls.NAMES:
+            raise ValueError(f"wandb_funnel: malformed funnel options: {data!r}")
+        return cls(**data)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FunnelOptions) and self.to_wire() == other.to_wire()
+
+    # Unhashable, like any mutable value object (``reduce`` is a dict).
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.to_wire().items())
+        return f"FunnelOptions({fields})"
+
+
+class PerRankRuns(NamedTuple):
+    """``run_mode="new"``: each rank's run id and group, from templates over ``{rank}`` and
+    ``{local_rank}`` (a rank's index on its node: ``rank - rank_offset``)."""
+
+    id_template: str
+    group_template: str
+    rank_offset: int
+
+    def names(self, rank: int) -> dict[str, int]:
+        return {"rank": rank, "local_rank": rank - self.rank_offset}
+
+
+class Topology(NamedTuple):
+    """Who the job's ranks are, as the launcher knows them. A plain funnel (a Pool, spawned
+    processes) knows nothing up front: rank 0 is the owner and ranks are numbered as they
+    attach. A launched job (``_launched_init``) knows every rank before any attaches."""
+
+    owner_rank: int = 0
+    first_auto_rank: int = 1  # the first rank the logger hands out to a process that asks
+    expected_ranks: tuple[int, ...] = ()  # rows wait for these from the start
+    tcp_host: str | None = None  # also listen on TCP here (ranks on other nodes)
+    per_rank: PerRankRuns | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        out = self._asdict()
+        out["expected_ranks"] = list(self.expected_ranks)
+        out["per_rank"] = list(self.per_rank) if self.per_rank is not None else None
+        return out
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Topology:
+        try:
+            per = data["per_rank"]
+            topology = cls(
+                owner_rank=int(data["owner_rank"]),
+                first_auto_rank=int(data["first_auto_rank"]),
+                expected_ranks=tuple(int(r) for r in data["expected_ranks"]),
+                tcp_host=None if data["tcp_host"] is None else str(data["tcp_host"]),
+                per_rank=None
+                if per is None
+                else PerRankRuns(str(per[0]), str(per[1]), int(per[2])),
+            )
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"wandb_funnel: malformed topology: {data!r}") from exc
+        return topology
