@@ -39,10 +39,10 @@ from wandb_funnel._logger.receiver import (
     Receiver,
     Records,
     Update,
-    log,
+    log_to_stderr,
 )
 from wandb_funnel._logger.reduce import RowBuilder
-from wandb_funnel._logger.run_writer import Channel
+from wandb_funnel._logger.run_writer import RunWriter
 from wandb_funnel._logger.sinks import Sink
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Done, LoggerStart
@@ -78,7 +78,7 @@ def run_exit_code(owner_code: int, rank_codes: list[int]) -> int:
 
 
 class Logger:
-    """One funnel's writer: routes the receiver's events to channels (one wandb run each)."""
+    """One funnel's writer: routes the receiver's events to writers (one wandb run each)."""
 
     def __init__(
         self, start: LoggerStart, receiver: Receiver, open_sink: Callable[..., Sink]
@@ -90,15 +90,15 @@ class Logger:
         self._receiver = receiver
         self._open_sink = open_sink
         self._per_rank = start.topology.per_rank  # run_mode="new": a run per rank
-        self._channels: dict[int | None, Channel] = {}
+        self._writers: dict[int | None, RunWriter] = {}
         if self._per_rank is None:
-            channel = self._channels[None] = self._new_channel(
+            writer = self._writers[None] = self._new_writer(
                 open_sink({}), start.run_id
             )
             # A launched job's ranks are known before they attach: rows wait for them from
             # the start (within the window), so ranks that start a little later still merge.
             for rank in start.topology.expected_ranks:
-                channel.order.rank_attached(rank)
+                writer.order.rank_attached(rank)
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
@@ -110,22 +110,22 @@ class Logger:
         self._watchdog_armed = False
         self.final_stats: dict[str, Any] | None = None
 
-    def _new_channel(self, sink: Sink | None, name: str) -> Channel:
+    def _new_writer(self, sink: Sink | None, name: str) -> RunWriter:
         options = self._options
         mode = "shared" if options.run_mode == "shared" else "auto"
-        return Channel(
+        return RunWriter(
             sink,
             Reorderer(options.reorder_window, options.max_pending_rows),
             RowBuilder(mode, options.reduce, options.step_key),
             name,
         )
 
-    def _channel(self, rank: int) -> Channel:
-        """The channel rank's records go to (in run_mode="new", its own run, opened now)."""
+    def _writer_for(self, rank: int) -> RunWriter:
+        """The writer rank's records go to (in run_mode="new", its own run, opened now)."""
         if self._per_rank is None:
-            return self._channels[None]
-        channel = self._channels.get(rank)
-        if channel is None:
+            return self._writers[None]
+        writer = self._writers.get(rank)
+        if writer is None:
             per = self._per_rank
             names = per.names(rank)
             run_id = per.id_template.format(**names)
@@ -133,10 +133,10 @@ class Logger:
             try:
                 sink = self._open_sink({"id": run_id, "group": per.group_template.format(**names)})
             except Exception as exc:
-                log(f"could not open run {run_id!r} for rank {rank}: {exc!r}")
+                log_to_stderr(f"could not open run {run_id!r} for rank {rank}: {exc!r}")
                 sink = None
-            channel = self._channels[rank] = self._new_channel(sink, run_id)
-        return channel
+            writer = self._writers[rank] = self._new_writer(sink, run_id)
+        return writer
 
     # -- the loop ------------------------------------------------------------------------------
     def serve(self) -> int:
@@ -152,7 +152,7 @@ class Logger:
             # cannot fire spun this loop, holding the GIL from the receiver it waits for.
             deadlines = [
                 d
-                for c in self._channels.values()
+                for c in self._writers.values()
                 if window_applies and (d := c.order.next_deadline())
             ]
             wait = min([LOGGER_TICK, *(max(0.0, d - now) for d in deadlines)])
@@ -165,10 +165,10 @@ class Logger:
             # the socket counted too.)
             window_applies = caught_up and self._receiver.socket_drained(now)
             more_rows = False
-            for channel in self._channels.values():
-                if not channel.finished:
-                    rows = channel.order.pop_ready(now, window_applies, _ROWS_PER_WAKE)
-                    channel.write(rows, self._write_deadline)
+            for writer in self._writers.values():
+                if not writer.finished:
+                    rows = writer.order.pop_ready(now, window_applies, _ROWS_PER_WAKE)
+                    writer.write(rows, self._write_deadline)
                     more_rows |= len(rows) >= _ROWS_PER_WAKE
             asked = self._receiver.close_asked
             if asked is not None and self._closing is None:
@@ -206,28 +206,28 @@ class Logger:
     def _handle(self, event: Event) -> None:
         if isinstance(event, Records):
             now = time.monotonic()
-            channel = self._channel(event.rank)
+            writer = self._writer_for(event.rank)
             if self._write_deadline is not None and now >= self._write_deadline:
                 # Out of time to write rows: count the backlog instead of ordering it. Ordering
                 # 500k queued records takes seconds, which the summary and finish need.
-                channel.dropped += len(event.records)
+                writer.dropped += len(event.records)
             else:
-                channel.order.add_batch(event.rank, event.records, now)
+                writer.order.add_batch(event.rank, event.records, now)
             self._receiver.taken(len(event.records))
         elif isinstance(event, Attached):
             self._active.add(event.rank)
-            self._channel(event.rank).order.rank_attached(event.rank, time.monotonic())
+            self._writer_for(event.rank).order.rank_attached(event.rank, time.monotonic())
         elif isinstance(event, Ended):
             self._ended(event)
         elif isinstance(event, Update):
-            self._channel(event.rank).update(event.kind, event.data)
+            self._writer_for(event.rank).update(event.kind, event.data)
         elif isinstance(event, CloseAsked) and self._closing is None:
             self._begin_close(event.exit_code, event.budget, "closed by the owner", event.at)
 
     def _ended(self, event: Ended) -> None:
         self._active.discard(event.rank)
-        channel = self._channel(event.rank)
-        channel.order.rank_done(event.rank)
+        writer = self._writer_for(event.rank)
+        writer.order.rank_done(event.rank)
         if event.exit_code:
             self._failed[event.rank] = event.exit_code
         if self._per_rank is not None:
@@ -236,7 +236,7 @@ class Logger:
             stats = {"funnel/ranks": 1, "funnel/dead_ranks": int(event.gone)}
             # The write deadline applies here too: a rank that ends while the run closes must
             # not spend on its backlog the time the other runs' summaries need.
-            channel.finish(code, stats, 0, self._write_deadline, self._closing_step)
+            writer.finish(code, stats, 0, self._write_deadline, self._closing_step)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signal_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
@@ -246,7 +246,9 @@ class Logger:
         and then nobody else would ever end this process."""
         while os.getppid() == self._owner_pid:
             time.sleep(LOGGER_TICK)
-        log(f"the owner (pid {self._owner_pid}) is gone without closing; finishing the run")
+        log_to_stderr(
+            f"the owner (pid {self._owner_pid}) is gone without closing; finishing the run"
+        )
         self._owner_lost = True
         self._arm_watchdog(self._close_timeout)
 
@@ -271,7 +273,7 @@ class Logger:
         watchdog.start()
 
     def _give_up(self, budget: float) -> None:
-        log(
+        log_to_stderr(
             f"could not finish the run within its {budget:.1f}s budget (wandb stalled?); "
             f"exiting: rows not yet written and the run's exit record are lost"
         )
@@ -280,14 +282,14 @@ class Logger:
 
     # -- the end -------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """The whole funnel's accounting (all channels)."""
+        """The whole funnel's accounting (all writers)."""
         rx = self._receiver
-        channels = list(self._channels.values())
+        writers = list(self._writers.values())
         return {
-            "funnel/records": sum(c.records for c in channels),
-            "funnel/rows": sum(c.rows for c in channels),
-            "funnel/late_records": sum(c.order.late_records for c in channels),
-            "funnel/dropped_records": sum(c.dropped for c in channels) + rx.dropped,
+            "funnel/records": sum(c.records for c in writers),
+            "funnel/rows": sum(c.rows for c in writers),
+            "funnel/late_records": sum(c.order.late_records for c in writers),
+            "funnel/dropped_records": sum(c.dropped for c in writers) + rx.dropped,
             "funnel/ranks": rx.ranks,
             "funnel/dead_ranks": len(rx.dead_ranks),
             "funnel/failed_ranks": len(self._failed),
@@ -303,7 +305,7 @@ class Logger:
         now = time.monotonic()
         if now >= self._write_deadline:
             start, budget = self._close_clock
-            log(f"closing: {step} at {now - start:.2f}s of a {budget:.1f}s budget")
+            log_to_stderr(f"closing: {step} at {now - start:.2f}s of a {budget:.1f}s budget")
 
     def _finish(self) -> int:
         assert self._closing is not None
@@ -315,24 +317,24 @@ class Logger:
             pass
         self._closing_step("queue emptied")
         for rank, pid in self._receiver.unfinished():
-            log(
+            log_to_stderr(
                 f"rank {rank} (pid {pid}) had not finished when the run closed ({why}); "
                 f"records it sends from now on are lost"
             )
         exit_code = run_exit_code(owner_code, list(self._failed.values()))
-        extra = {k: v for k, v in self.stats().items() if k not in _PER_CHANNEL}
+        extra = {k: v for k, v in self.stats().items() if k not in _PER_WRITER}
         extra["funnel/exit_reason"] = why
         # Records the receiver dropped belong to the one run, unless there is a run per rank.
         elsewhere = self._receiver.dropped if self._per_rank is None else 0
-        for key, channel in self._channels.items():
+        for key, writer in self._writers.items():
             # run_mode="new": a rank still unfinished at close did not finish in time.
             unfinished = key is not None and key in self._active
             code = owner_code or EXIT_RANK_DIED if unfinished else exit_code
-            channel.finish(code, extra, elsewhere, self._write_deadline, self._closing_step)
+            writer.finish(code, extra, elsewhere, self._write_deadline, self._closing_step)
         stats = self.stats()
         stats["funnel/exit_reason"] = why
         if stats["funnel/dropped_records"] or stats["funnel/late_records"]:
-            log(
+            log_to_stderr(
                 f"{stats['funnel/dropped_records']} records dropped, "
                 f"{stats['funnel/late_records']} logged late (after their row was written)"
             )
@@ -340,8 +342,8 @@ class Logger:
         return exit_code
 
 
-# Counted per run by each channel itself; everything else is the funnel's.
-_PER_CHANNEL = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
+# Counted per run by each writer itself; everything else is the funnel's.
+_PER_WRITER = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
 
 
 def _write_ready(fd: int, payload: dict[str, Any]) -> None:
@@ -366,7 +368,7 @@ def main() -> int:
             if os.environ.get(ENV_SINK) == "null":  # the funnel alone, no wandb
                 from wandb_funnel._logger.null_sink import NullSink
 
-                log(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
+                log_to_stderr(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
                 return NullSink(kwargs["id"])
             from wandb_funnel._wandb import WandbSink
 

@@ -48,7 +48,8 @@ _GONE_QUIET = 1.0
 _DROP_REPORT_PERIOD = 5.0  # seconds between log lines about drops with the same cause
 
 
-def log(message: str) -> None:
+def log_to_stderr(message: str) -> None:
+    """One line on the logger's stderr (the owner's terminal), prefixed with who says it."""
     try:
         print(f"wandb-funnel logger: {message}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
@@ -178,7 +179,7 @@ class Receiver(threading.Thread):
             self._serve()
         except BaseException as exc:  # never die silently: the writer reports it
             self.failure = exc
-            log(f"receiver failed: {exc!r}")
+            log_to_stderr(f"receiver failed: {exc!r}")
 
     def _serve(self) -> None:
         next_check = 0.0
@@ -324,7 +325,7 @@ class Receiver(threading.Thread):
         self.dropped += count
         if why not in self._unreported:
             of_rank = f"rank {rank}: " if rank is not None else ""
-            log(f"{count} records dropped ({of_rank}{why})")
+            log_to_stderr(f"{count} records dropped ({of_rank}{why})")
             self._unreported[why] = 0
         else:
             self._unreported[why] += count
@@ -332,14 +333,14 @@ class Receiver(threading.Thread):
     def _report_drops(self) -> None:
         for why, count in self._unreported.items():
             if count:
-                log(f"{count} more records dropped ({why})")
+                log_to_stderr(f"{count} more records dropped ({why})")
                 self._unreported[why] = 0
 
     def _check_liveness(self) -> None:
         refused = self._sock.handshake_failures()
         if refused:
             self.auth_failures += refused
-            log(f"refused {refused} connection(s) without the job's keys")
+            log_to_stderr(f"refused {refused} connection(s) without the job's keys")
         for peer in list(self._peers.values()):
             if peer.ended:
                 continue
@@ -351,7 +352,7 @@ class Receiver(threading.Thread):
             if gone:
                 self.dead_ranks.append(peer.rank)
                 self._end(peer, gone=True)
-                log(
+                log_to_stderr(
                     f"rank {peer.rank} (pid {peer.pid}) died without finishing; "
                     f"records it had not yet sent are lost"
                 )

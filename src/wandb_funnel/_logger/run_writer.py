@@ -1,6 +1,6 @@
 """One wandb run inside the logger: its reorder buffer, its row builder and its sink.
 
-A logger owns one channel in ``auto`` and ``shared`` mode, and one per rank in ``new`` mode.
+A logger owns one writer in ``auto`` and ``shared`` mode, and one per rank in ``new`` mode.
 Write failures are counted and reported here, never raised into the logger's loop.
 """
 
@@ -11,14 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from wandb_funnel._logger.ordering import Reorderer, Row
-from wandb_funnel._logger.receiver import log
+from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.sinks import Sink
 
 _FINISH_SLICE = 1_000  # rows released at a time while finishing
 
 
-class Channel:
+class RunWriter:
     """Rows for one run; called from the logger's main thread only."""
 
     def __init__(self, sink: Sink | None, order: Reorderer, builder: RowBuilder, name: str) -> None:
@@ -30,7 +30,7 @@ class Channel:
         self.rows = 0  # wandb.log calls made: one per step, however many ranks logged it
         self.dropped = 0  # records that reached the logger but not the run
         self.finished = False
-        # A channel whose run could not be opened is broken from the start.
+        # A writer whose run could not be opened is broken from the start.
         self._broken: str | None = None if sink is not None else "the run could not be opened"
 
     def write(self, rows: list[Row], deadline: float | None = None) -> None:
@@ -48,14 +48,16 @@ class Channel:
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
                 if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
                     self._broken = repr(exc)
-                    log(f"{self.name}: wandb stopped taking rows ({exc!r}); counting the rest")
+                    log_to_stderr(
+                        f"{self.name}: wandb stopped taking rows ({exc!r}); counting the rest"
+                    )
                 else:
-                    log(f"{self.name}: wandb refused the row at step {row.step}: {exc!r}")
+                    log_to_stderr(f"{self.name}: wandb refused the row at step {row.step}: {exc!r}")
                 self.dropped += row.records
 
     def _out_of_time(self) -> None:
         self._broken = "out of time"
-        log(f"{self.name}: out of time to write rows; counting the rest as dropped")
+        log_to_stderr(f"{self.name}: out of time to write rows; counting the rest as dropped")
 
     def update(self, kind: str, data: dict[str, Any]) -> None:
         if self.sink is None:
@@ -98,7 +100,9 @@ class Channel:
         self.dropped += self.order.drop_all()
         written, counted = self.records - records, self.dropped - dropped
         if counted:
-            log(f"{self.name}: {counted} buffered records counted as dropped ({self._broken})")
+            log_to_stderr(
+                f"{self.name}: {counted} buffered records counted as dropped ({self._broken})"
+            )
         step_done(f"{self.name}: buffered rows done ({written} records written, {counted} counted)")
         if self._broken == "out of time":
             self._broken = None  # rows stopped; the summary and finish still go
@@ -123,6 +127,6 @@ class Channel:
         try:
             fn(arg)
         except Exception as exc:
-            log(f"{self.name}: wandb refused a {what}: {exc!r}")
+            log_to_stderr(f"{self.name}: wandb refused a {what}: {exc!r}")
             return False
         return True

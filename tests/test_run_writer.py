@@ -1,4 +1,4 @@
-"""A channel's finish: rows until the deadline, then the rest counted; the accounting and the
+"""A writer's finish: rows until the deadline, then the rest counted; the accounting and the
 exit code always go to the sink. A recording sink stands in for wandb (pure logic)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from wandb_funnel._logger.ordering import Reorderer
 from wandb_funnel._logger.reduce import RowBuilder
-from wandb_funnel._logger.run_writer import Channel
+from wandb_funnel._logger.run_writer import RunWriter
 
 
 class RecordingSink:
@@ -30,17 +30,17 @@ class RecordingSink:
         self.exit_code = exit_code
 
 
-def _channel(steps: int) -> tuple[Channel, RecordingSink]:
+def _writer_for(steps: int) -> tuple[RunWriter, RecordingSink]:
     sink = RecordingSink()
-    channel = Channel(sink, Reorderer(1e9, 10**6), RowBuilder("auto", {}, "_step"), "run")
-    channel.order.rank_attached(1)  # a rank that never logs: nothing is released before close
-    channel.order.add_batch(0, [[s, True, {"x": s}] for s in range(steps)], 0.0)
-    return channel, sink
+    writer = RunWriter(sink, Reorderer(1e9, 10**6), RowBuilder("auto", {}, "_step"), "run")
+    writer.order.rank_attached(1)  # a rank that never logs: nothing is released before close
+    writer.order.add_batch(0, [[s, True, {"x": s}] for s in range(steps)], 0.0)
+    return writer, sink
 
 
 def test_finish_writes_every_row_in_order_when_time_allows() -> None:
-    channel, sink = _channel(2_500)  # more than one slice
-    channel.finish(0, {}, write_deadline=time.monotonic() + 60)
+    writer, sink = _writer_for(2_500)  # more than one slice
+    writer.finish(0, {}, write_deadline=time.monotonic() + 60)
     assert [row["x"] for row in sink.rows] == list(range(2_500))
     assert sink.summary["funnel/records"] == 2_500
     assert sink.summary["funnel/dropped_records"] == 0
@@ -48,13 +48,13 @@ def test_finish_writes_every_row_in_order_when_time_allows() -> None:
 
 
 def test_finish_past_its_deadline_counts_rows_and_still_sends_the_accounting() -> None:
-    channel, sink = _channel(50_000)
+    writer, sink = _writer_for(50_000)
     steps: list[str] = []
-    channel.finish(143, {"funnel/ranks": 2}, 7, time.monotonic() - 1, steps.append)
+    writer.finish(143, {"funnel/ranks": 2}, 7, time.monotonic() - 1, steps.append)
     assert len(sink.rows) == 0
     # Counted in bulk: not one row was released (in order, one heap pop each) only to be
     # counted; with 500k records queued that took seconds the summary and finish needed.
-    assert channel.order.last_released_step == -1
+    assert writer.order.last_released_step == -1
     assert sink.summary["funnel/records"] == 0
     assert sink.summary["funnel/dropped_records"] == 50_000 + 7
     assert sink.summary["funnel/ranks"] == 2
@@ -80,8 +80,8 @@ def test_deadline_passing_while_writing_counts_the_rest_exactly(monkeypatch: Any
     not released one by one; the accounting and exit code still go out."""
     clock = FakeClock()
     monkeypatch.setattr("wandb_funnel._logger.run_writer.time", clock)
-    channel, sink = _channel(50_000)
-    channel.order.add(0, 3, True, {"late": 1}, 0.0)  # pending, not late yet
+    writer, sink = _writer_for(50_000)
+    writer.order.add(0, 3, True, {"late": 1}, 0.0)  # pending, not late yet
     log = sink.log
 
     def slow_log(row: dict[str, Any]) -> None:  # each row costs 1 ms of the budget
@@ -89,10 +89,10 @@ def test_deadline_passing_while_writing_counts_the_rest_exactly(monkeypatch: Any
         clock.now += 0.001
 
     sink.log = slow_log  # type: ignore[method-assign]
-    channel.finish(0, {}, write_deadline=1.5)
+    writer.finish(0, {}, write_deadline=1.5)
     written = [row["x"] for row in sink.rows]
     assert written == list(range(len(written))) and 1_000 < len(written) < 2_000
     assert sink.summary["funnel/records"] == len(written) + 1  # step 3 has two records
     assert sink.summary["funnel/records"] + sink.summary["funnel/dropped_records"] == 50_001
-    assert channel.order.last_released_step < 2_000  # the rest counted in bulk
+    assert writer.order.last_released_step < 2_000  # the rest counted in bulk
     assert sink.exit_code == 0
