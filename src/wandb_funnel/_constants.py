@@ -38,8 +38,9 @@ DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the 
 
 # Client batching: a batch is sent when it holds BATCH_RECORDS records, or BATCH_BYTES bytes,
 # or FLUSH_INTERVAL seconds after its first record (by the per-process flusher thread).
-# 256, not 64: a quarter of the sends, which cut log()'s CPU by about a fifth; a rank logging
-# under 2,560 records/s still sends by time, so a SIGKILL loses at most 0.1 s of its records.
+# Large batches make few sends (each costs log() CPU); a rank logging under
+# BATCH_RECORDS / FLUSH_INTERVAL records/s still sends by time, so a SIGKILL loses at most
+# FLUSH_INTERVAL seconds of its records.
 BATCH_RECORDS: Final = 256
 BATCH_BYTES: Final = 256 * 1024
 FLUSH_INTERVAL: Final = 0.1
@@ -48,7 +49,7 @@ HEARTBEAT_INTERVAL: Final = 1.0
 # A rank on another host that sent nothing (not even a heartbeat) for this long is gone.
 REMOTE_SILENCE: Final = 5.0
 # Batches queued in ZeroMQ per stream before log() starts dropping (and counting) records:
-# up to 128,000 records (a quarter of the batches since a batch holds 256).
+# up to SEND_HWM * BATCH_RECORDS = 128,000 records.
 SEND_HWM: Final = 500
 # How long a finishing client waits for its last batches to leave the process.
 FINAL_FLUSH_TIMEOUT: Final = 5.0

@@ -85,9 +85,9 @@ class RunWriter:
         if self.finished:
             return
         self.finished = True
-        # In slices, so that rows that will not fit before the deadline are counted in bulk
-        # rather than released one by one: that took seconds on a loaded machine, out of the
-        # time the summary and finish need (the soak's sink-stalls, 500k records queued).
+        # In slices, so that rows that will not fit before the deadline are counted in bulk,
+        # never released one by one (a heap pop each): however long the backlog, the summary
+        # and finish keep their reserve (docs/DESIGN.md, "Close is a budget").
         records, dropped = self.records, self.dropped
         while self._broken is None and self.sink is not None:
             if write_deadline is not None and time.monotonic() >= write_deadline:

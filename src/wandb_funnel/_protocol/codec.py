@@ -42,11 +42,10 @@ from wandb_funnel._protocol.messages import (
 MAX_STEP: Final = 2**63 - 1
 # The most records one batch frame may declare; a frame claiming more is junk.
 MAX_BATCH_RECORDS: Final = 1 << 20
-# The deepest nesting of dicts and lists log() accepts. Without a limit, log() accepted data
-# nested ~990 deep that the logger's decoder then refused (msgpack's unpacker counts Python
-# recursion, and the receiver thread starts deeper in the stack than the caller), so the whole
-# batch, every record in it, was lost as a junk frame; and data that contained itself raised
-# RecursionError out of log(). Far deeper than any metrics dict, and far below both limits.
+# The deepest nesting of dicts and lists log() accepts. Invariant: what log() accepts, the
+# logger's decoder accepts (a refused frame loses its whole batch). msgpack's unpacker counts
+# Python recursion, and the receiver thread starts deeper in the stack than a caller; 256 is
+# far deeper than any metrics dict and far below both limits (docs/DESIGN.md, "Wire").
 MAX_NESTING: Final = 256
 
 
@@ -211,9 +210,8 @@ def check_step(step: Any) -> int:
 def encode_record(step: int, committed: bool, data: Any, max_record_bytes: int) -> bytes:
     """Validate and pack one ``log()`` record; raises TypeError/ValueError naming the key at
     fault."""
-    # The step range is checked here too, not only in check_step: an implicit step (step=None
-    # after log(step=2**63-1, commit=True)) reaches 2**63, which msgpack packs as a uint64 but
-    # the logger's decoder refuses, so the whole batch (every record in it) was lost as junk.
+    # Checked here too, not only in check_step: an implicit step can reach 2**63 (after
+    # log(step=2**63-1, commit=True)), which msgpack packs but the decoder refuses.
     if not 0 <= step <= MAX_STEP:
         raise ValueError(f"wandb_funnel: step must be between 0 and 2**63-1, got {step!r}")
     if type(data) is dict:  # check_data's fast path, inline: a function call costs 0.1 us

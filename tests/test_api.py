@@ -1,0 +1,69 @@
+"""_api: wf.init's choices that need no logger (RANK handling, argument checks, the config of
+an attaching rank). Whole jobs are in tests/processes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, cast
+
+import pytest
+
+from wandb_funnel import _api
+from wandb_funnel._constants import ENV_RANK_PID
+from wandb_funnel.errors import FunnelWarning
+
+
+def test_rank_from_the_launcher_is_taken_once_by_the_process_it_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.delenv(ENV_RANK_PID, raising=False)
+    assert _api._env_rank() == 3
+    assert os.environ[ENV_RANK_PID] == str(os.getpid())  # children will know it is not theirs
+    monkeypatch.setenv(ENV_RANK_PID, "1")  # inherited from another process: not ours
+    assert _api._env_rank() is None
+    monkeypatch.delenv("RANK")
+    assert _api._env_rank() is None
+
+
+def test_a_bad_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "zero")
+    monkeypatch.delenv(ENV_RANK_PID, raising=False)
+    with pytest.raises(ValueError, match="RANK must be an integer"):
+        _api._env_rank()
+    with pytest.raises(ValueError, match="rank must be a non-negative int"):
+        _api.init(rank=-1)
+    with pytest.raises(ValueError, match="rank must be a non-negative int"):
+        _api.init(rank=True)  # type: ignore[arg-type]
+
+
+class RecordingConfig:
+    def __init__(self) -> None:
+        self.updates: list[dict[str, Any]] = []
+
+    def update(self, data: dict[str, Any]) -> None:
+        self.updates.append(dict(data))
+
+
+class FakeRun:
+    def __init__(self) -> None:
+        self.config = RecordingConfig()
+
+
+def test_an_attaching_rank_applies_config_and_warns_about_the_owners_arguments() -> None:
+    run = FakeRun()
+    with pytest.warns(FunnelWarning, match="ignored: name, project"):
+        _api._apply_config(
+            cast(Any, run),
+            {"config": {"lr": 0.1}, "project": "p", "name": "n", "reduce": "sum"},  # funnel
+        )
+    assert run.config.updates == [{"lr": 0.1}]
+    _api._apply_config(cast(Any, run), {"config": argparse.Namespace(batch=8)})
+    assert run.config.updates[-1] == {"batch": 8}  # an argparse config, as wandb takes it
+
+
+def test_finish_without_a_run_does_nothing() -> None:
+    assert _api.current_run() is None
+    _api.finish()  # no run here: no error, no funnel started
+    assert _api.current_run() is None
