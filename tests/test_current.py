@@ -21,7 +21,7 @@ def _clean() -> Iterator[None]:
     yield
     _current.forget(_current.get())
     if before is not None:
-        _current.set(before)
+        _current.use(before)
 
 
 def _run() -> Any:
@@ -30,7 +30,7 @@ def _run() -> Any:
 
 def test_set_get_and_a_finished_run_is_no_longer_current() -> None:
     run = _run()
-    _current.set(run)
+    _current.use(run)
     assert _current.get() is run
     run.finished = True
     assert _current.get() is None
@@ -45,7 +45,7 @@ def test_adopt_never_replaces_a_current_run() -> None:
 
 def test_forget_only_forgets_that_run() -> None:
     first, other = _run(), _run()
-    _current.set(first)
+    _current.use(first)
     _current.forget(other)
     assert _current.get() is first
     _current.forget(None)
@@ -56,7 +56,7 @@ def test_forget_only_forgets_that_run() -> None:
 
 def test_a_run_made_current_by_another_pid_is_not_current(monkeypatch: pytest.MonkeyPatch) -> None:
     run = _run()
-    _current.set(run)
+    _current.use(run)
     from wandb_funnel import _pid
 
     monkeypatch.setattr(_pid, "current", _pid.current + 1)  # as if after fork, hooks aside

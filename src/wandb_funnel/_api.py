@@ -68,7 +68,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
             if env is not None and env.world_size > 1:
                 options, wandb_kwargs = FunnelOptions.split(wandb_init_kwargs)
                 run = init_launched(env, options, wandb_kwargs)
-                _current.set(run)
+                _current.use(run)
                 return run
         if info is None:
             if multiprocessing.parent_process() is not None:
@@ -93,7 +93,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
                     stacklevel=2,
                 )
             _apply_config(run, wandb_init_kwargs)
-        _current.set(run)
+        _current.use(run)
         return run
 
 

@@ -39,7 +39,8 @@ def get() -> Run | None:
     return run
 
 
-def set(run: Run) -> None:
+def use(run: Run) -> None:
+    """Make ``run`` this process's current Run."""
     global _current, _current_pid
     _current, _current_pid = run, _pid.current
 
@@ -48,7 +49,7 @@ def adopt(run: Run) -> None:
     """Make ``run`` current unless this process already has one (a Funnel's rank-0 run)."""
     with lock:
         if get() is None:
-            set(run)
+            use(run)
 
 
 def forget(run: Run | None) -> None:

@@ -41,8 +41,10 @@ class Row:
         self.late = late
 
     def __repr__(self) -> str:
-        return f"Row(step={self.step}, parts={self.parts!r}, records={self.records}, " \
+        return (
+            f"Row(step={self.step}, parts={self.parts!r}, records={self.records}, "
             f"late={self.late})"
+        )
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
         """Merge ``data`` (copied: a decoded dict can reach more than one row; found by

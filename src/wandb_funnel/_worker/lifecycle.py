@@ -220,12 +220,12 @@ def _hook_sys_exit() -> None:
     if getattr(original, "_wandb_funnel", False):
         return
 
-    def exit(status: object = None) -> None:
+    def exit_remembering_status(status: object = None) -> None:
         _sys_exit_status[:] = [status]
         original(status)  # type: ignore[arg-type]
 
-    exit._wandb_funnel = True  # type: ignore[attr-defined]
-    sys.exit = exit  # type: ignore[assignment]
+    exit_remembering_status._wandb_funnel = True  # type: ignore[attr-defined]
+    sys.exit = exit_remembering_status  # type: ignore[assignment]
 
 
 def _exit_code_now() -> int:
@@ -395,7 +395,7 @@ def add_flush_callback(callback: Callable[[], None]) -> None:
 
 
 def _flush_only() -> None:
-    for callback in list(_flush_callbacks):
+    for callback in list(_flush_callbacks):  # noqa: PERF101  (a copy: callbacks may change)
         try:
             callback()
         except Exception as exc:
