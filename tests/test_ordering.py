@@ -252,3 +252,29 @@ def test_pop_all_in_slices_then_drop_all_counts_the_rest() -> None:
     buf.add(1, 7, False, {"t": 1}, 0.0)
     assert buf.drop_all() == 6 + 1 + 1  # steps 4-9, rank 1's record at 7, the late one
     assert buf.pending_rows == 0 and buf.pop_all() == [] and buf.next_deadline() is None
+
+
+def test_rows_own_their_data() -> None:
+    """A row keeps the decoded dict it was given (no copy per record on the logger's hot
+    path), which is safe because nothing else holds it: the receiver decodes every record
+    afresh for one row, and the row builder copies what it returns. Pinned here: a merge at
+    the same step changes only that row's dict, and building a row (wandb then adds its own
+    keys to what it logs) never changes the row."""
+    from wandb_funnel._logger.reduce import RowBuilder
+
+    first, second, other = {"loss": 1.0}, {"acc": 0.5}, {"loss": 3.0}
+    order = Reorderer(0.0, 100)
+    order.add_batch(0, [[0, False, first], [0, True, second]], 0.0)
+    order.add_batch(1, [[0, True, other]], 0.0)
+    (row,) = order.pop_ready(1.0, True, 10)
+    assert row.parts[0] is first and first == {"loss": 1.0, "acc": 0.5}
+    assert second == {"acc": 0.5} and other == {"loss": 3.0}
+    for mode in ("auto", "shared"):
+        out = RowBuilder(mode, {}, "step").build(row)
+        out["_timestamp"] = 1.0  # what wandb.log does to the dict it is given
+        assert row.parts == {0: {"loss": 1.0, "acc": 0.5}, 1: {"loss": 3.0}}
+    single = Row(5)
+    single.add(0, {"x": 1})
+    built = RowBuilder("auto", {}, "step").build(single)
+    built["x"] = 99
+    assert single.parts[0] == {"x": 1}

@@ -11,4 +11,4 @@ code = main()
 # thread of wandb's must not hold the exit (the owner is waiting, bounded, for this process).
 sys.stdout.flush()
 sys.stderr.flush()
-os._exit(code)
+os._exit(code if 0 <= code <= 255 else 1)  # a run's code may be any int; a process's is a byte

@@ -47,11 +47,11 @@ class Row:
         )
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
-        """Merge ``data`` (copied: a decoded dict can reach more than one row; found by
-        test_single_node_four_ranks[worker], cause not yet traced)."""
+        """Merge ``data``, which the row now owns: the receiver decoded it for this row alone,
+        and the row builder copies what it returns (``test_rows_own_their_data``)."""
         part = self.parts.get(rank)
         if part is None:
-            self.parts[rank] = dict(data)
+            self.parts[rank] = data
         else:
             part.update(data)  # the same rank at the same step: later keys win, as in wandb
         self.records += 1
@@ -125,7 +125,7 @@ class Reorderer:
                 self._arrivals.append((now, step))
             part = row.parts.get(rank)
             if part is None:
-                row.parts[rank] = dict(data)
+                row.parts[rank] = data  # owned, as in Row.add
             else:
                 part.update(data)
             row.records += 1
