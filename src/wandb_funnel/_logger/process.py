@@ -161,8 +161,7 @@ class Logger:
             # While events are still queued, or frames still wait unread in the socket, the
             # logger is behind: a row's window may have run out while the straggler's records
             # wait in a queue, so rows wait for floors (or the memory bound) until it has
-            # caught up. (1,024 ranks flat out: 4,000-120,000 late records of 400,000 before
-            # the socket counted too.)
+            # caught up (docs/DESIGN.md, "Windows apply only when caught up").
             window_applies = caught_up and self._receiver.socket_drained(now)
             more_rows = False
             for writer in self._writers.values():

@@ -5,9 +5,8 @@ and receipts each stream's records, notices dead ranks, and hands plain events t
 (the logger's main thread, which may be slowed down by wandb). Its queue of events is bounded
 in records: when the writer falls that far behind, the receiver goes on reading and counts
 the batches that do not fit as dropped, from their headers alone. It never stops reading:
-when it did (to let ZeroMQ's queues fill and workers drop), a worker's last batches and its
-GOODBYE waited behind the full queues past the worker's exit timeout, and the records they
-accounted for went missing from the run with no count in its summary (CI, sink-stalls).
+a worker's last batches and its GOODBYE must reach us within the worker's exit timeout, or
+what they account for would be missing with no count (docs/DESIGN.md, "Two threads").
 """
 
 from __future__ import annotations
