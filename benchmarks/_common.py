@@ -21,17 +21,16 @@ RESULT_PREFIX = "BENCH "
 
 
 def scratch_env(directory: pathlib.Path, **extra: str) -> dict[str, str]:
-    """The environment of a benchmark child: offline wandb in a private directory."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(
-        WANDB_MODE="offline",
-        WANDB_SILENT="true",
-        WANDB_DIR=str(directory),
-        TMPDIR=str(directory),
-        PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    """The environment of a benchmark child: offline wandb in a private directory (WANDB_DIR
+    and TMPDIR), with ``benchmarks/`` importable; output stays buffered, as in a real job."""
+    # Imported here: the children import this module too, and some measure what importing
+    # wandb_funnel costs.
+    from wandb_funnel.soak.jobenv import clean_environment
+
+    return clean_environment(
+        directory, directory, drop=("WANDB_",), unbuffered=False,
+        extra={"PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra},
     )
-    env.update(extra)
-    return env
 
 
 def run_child(script: str, args: list[str], directory: pathlib.Path, timeout: float = 600,
@@ -45,6 +44,7 @@ def run_child(script: str, args: list[str], directory: pathlib.Path, timeout: fl
         capture_output=True,
         text=True,
         timeout=timeout,
+        check=False,  # a failing child is reported below, with its output
     )
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):

@@ -40,7 +40,7 @@ def checks(results: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
     overhead = 100 * (1 - rates["funnel"] / rates["none"])
     attach = mem["funnel_import_attach"]
     bare = mem["bare"]
-    out = [
+    return [
         ("worker CPU per log(), 3 scalars, median", f"<= {t['log_us']} us",
          f"{log_us:.2f} us", log_us <= t["log_us"]),
         ("  vs multiprocessing.Queue funnel (means: its feeder thread pickles later)", "<= 1/3",
@@ -74,19 +74,19 @@ def checks(results: dict[str, Any]) -> list[tuple[str, str, str, bool]]:
         ("training overhead of logging every step", f"<= {t['overhead_pct']}%",
          f"{overhead:.1f}%", overhead <= t["overhead_pct"]),
     ]
-    return out
 
 
 def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
-    lines = [f"Measured {m['date']} on {m['cpus']} CPUs, {m['memory_gb']} GB, Python "
-             f"{m['python']} (load average {m['load_average_at_start']:.1f} at the start).", ""]
+    lines = [(f"Measured {m['date']} on {m['cpus']} CPUs, {m['memory_gb']} GB, Python "
+              f"{m['python']} (load average {m['load_average_at_start']:.1f} at the start)."),
+             ""]
     lines += ["**Targets**", ""]
     lines += _rows(["target", "goal", "measured", "met"],
                    [[a, b, c, "yes" if ok else "**no**"] for a, b, c, ok in checks(results)])
 
-    lines += ["**1. CPU per log() call** (whole process: feeder and flusher threads count; "
-              "all_gather also shows wall time, which is what training waits for)", ""]
+    lines += [("**1. CPU per log() call** (whole process: feeder and flusher threads count; "
+               "all_gather also shows wall time, which is what training waits for)"), ""]
     rows = []
     for key, r in results["log_cost"].items():
         name, fields = key.split("/")
@@ -121,10 +121,10 @@ def markdown(results: dict[str, Any]) -> str:
          w["wandb_import"]["rss_mb"] - w["bare"]["rss_mb"], True],
     ])
     s = mem["stalled-rank"]
-    lines += [f"Logger RSS with one of 8 ranks stalled: {s['logger_rss_mb_first_quarter']:.0f} "
-              f"MB in the first quarter of the run, {s['logger_rss_mb_last_quarter']:.0f} MB in "
-              f"the last, {s['logger_rss_mb_peak']:.0f} MB peak ({_f(s['records'])} records, "
-              f"{_f(s['rows'])} rows).", ""]
+    lines += [(f"Logger RSS with one of 8 ranks stalled: {s['logger_rss_mb_first_quarter']:.0f} "
+               f"MB in the first quarter of the run, {s['logger_rss_mb_last_quarter']:.0f} MB in "
+               f"the last, {s['logger_rss_mb_peak']:.0f} MB peak ({_f(s['records'])} records, "
+               f"{_f(s['rows'])} rows)."), ""]
 
     rates = training_rates(results)
     lines += ["**6. DDP training loop** (2 gloo ranks on CPU, torchrun; median of the rounds)",

@@ -1,6 +1,8 @@
 """Training-loop stand-ins that the soak programs run in their workers.
 
-Importable (not a script) so that spawn-started workers can unpickle them by reference.
+A sibling module, not a script: the programs import it as ``from _work import train`` (the
+script's directory is ``sys.path[0]`` under ``python`` and ``torchrun``, and spawn-started
+children inherit ``sys.path``), so spawn workers unpickle these functions by reference.
 Every record carries ``r{slot}``, the key the harness counts in the ``.wandb`` history, and
 every log() that returns is counted through the probe.
 """

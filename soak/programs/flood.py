@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
+from _work import flat_out
+
 import wandb_funnel as wf
 from wandb_funnel.soak import probe
-from wandb_funnel.soak.programs._work import flat_out
 
 
 def main() -> None:

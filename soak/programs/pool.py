@@ -15,9 +15,10 @@ import argparse
 import multiprocessing as mp
 import time
 
+from _work import train_star
+
 import wandb_funnel as wf
 from wandb_funnel.soak import probe
-from wandb_funnel.soak.programs._work import train_star
 
 
 def main() -> None:

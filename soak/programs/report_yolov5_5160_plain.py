@@ -35,9 +35,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from wandb_funnel.soak import probe
 
-LOCAL_RANK = int(os.getenv("LOCAL_RANK", -1))
-RANK = int(os.getenv("RANK", -1))
-WORLD_SIZE = int(os.getenv("WORLD_SIZE", 1))
+LOCAL_RANK = int(os.getenv("LOCAL_RANK", "-1"))
+RANK = int(os.getenv("RANK", "-1"))
+WORLD_SIZE = int(os.getenv("WORLD_SIZE", "1"))
 LOGGER = logging.getLogger("yolov5")
 logging.basicConfig(format="%(message)s", level=logging.INFO)
 

@@ -3,22 +3,79 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.util
 import pathlib
+import shlex
 import shutil
 import signal
 import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wandb_funnel.soak.harness import Iteration
+    from wandb_funnel.soak.scenarios import Scenario
+
+_USAGE = """wandb-funnel soak [options] -- COMMAND [ARG ...]
+       wandb-funnel soak [options] --matrix FILE"""
+_DESCRIPTION = """\
+Run a program over and over with a fault injected into each run, and report, per fault: hangs
+(with py-spy stacks when py-spy is installed), the owner's exit codes, the time to exit,
+processes and funnel socket files left behind, and what the .wandb runs say (their exit
+record, funnel/dropped_records). Each run gets a private offline WANDB_DIR (the iteration's
+directory under --out), a private TMPDIR and a marker in its environment that finds every
+process of the job.
+
+With -- COMMAND (your program, e.g. `python train.py` or `torchrun ... train.py`, run in the
+current directory) exit codes are reported, not judged: your handlers decide them. A hang,
+a process or a funnel socket file left behind fails an iteration, and the command exits 1
+when any iteration failed. A fault lands a random --fault-after seconds after the start; a
+program that reports through wandb_funnel.soak.probe gets the harness's full checks (the
+fault lands after its `ready` event, and its records are balanced).
+
+With --matrix FILE, the scenarios a Python file defines (SCENARIOS, a list of
+wandb_funnel.soak.scenarios.Scenario) run with every expectation they state: this project
+runs its own fault matrix with `--matrix soak/scenarios.py`."""
 
 
-def _soak(args: argparse.Namespace) -> int:
-    from wandb_funnel.soak import report, scenarios
-    from wandb_funnel.soak.harness import Iteration, run_iteration
+def _faults_epilog() -> str:
+    from wandb_funnel.soak.scenarios import USER_FAULTS
 
-    chosen = scenarios.select(args.scenario)
+    lines = ["faults (--fault NAME, repeatable; default: all of them):"]
+    lines += [f"  {name:17} {summary}" for name, (_, summary) in USER_FAULTS.items()]
+    lines += [
+        "",
+        "examples:",
+        "  wandb-funnel soak --iterations 2 -- python train.py --epochs 1",
+        "  wandb-funnel soak --fault ctrl-c --fault preempt --grace 30 \\",
+        "      -- torchrun --standalone --nproc-per-node 2 train.py",
+        "  wandb-funnel soak --matrix soak/scenarios.py --minutes 85 --jobs 3",
+    ]
+    return "\n".join(lines)
+
+
+def _seconds_range(text: str) -> tuple[float, float]:
+    """``A`` or ``A:B`` seconds, 0 <= A <= B."""
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or not 0 <= parts[0] <= parts[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected SECONDS or MIN:MAX, 0 <= MIN <= MAX")
+    return parts[0], parts[1]
+
+
+def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]) -> int:
+    from wandb_funnel.soak import report
+    from wandb_funnel.soak.harness import run_iteration
+
+    user = bool(args.target)
     missing = [s for s in chosen if any(importlib.util.find_spec(m) is None for m in s.needs)]
     for s in missing:
         print(f"not run: {s.name} needs {', '.join(s.needs)}", file=sys.stderr)
@@ -43,10 +100,7 @@ def _soak(args: argparse.Namespace) -> int:
         print("stopping: finishing the running iterations, then writing the table",
               file=sys.stderr, flush=True)
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-
-    def next_job() -> tuple[scenarios.Scenario, int, bool] | None:
+    def next_job() -> tuple[Scenario, int, bool] | None:
         with lock:
             if stopping.is_set():
                 return None
@@ -64,30 +118,49 @@ def _soak(args: argparse.Namespace) -> int:
             counts[s.name] += 1
             return s, counts[s.name], False
 
-    def work(job: tuple[scenarios.Scenario, int, bool]) -> Iteration:
+    def work(job: tuple[Scenario, int, bool]) -> Iteration:
         scenario, index, plain = job
         it = run_iteration(scenario, index, runs_dir, f"{seed}-{scenario.name}-{index}", plain)
         status = "ok" if it.ok else "FAILED: " + "; ".join(it.problems)
-        kind = " (plain wandb)" if plain else ""
-        print(f"{scenario.name}{kind} #{index}: exit {it.owner_exit}, "
-              f"{it.exit_s}s, sent {it.sent} logged {it.logged} dropped {it.dropped} "
-              f"{status}", flush=True)
+        if user:
+            fault = "" if not it.fault else (
+                f"fault at {it.fault_at_s}s, " if it.fault_done else "fault missed, ")
+            exit_s = f"exit {it.exit_s}s after it, " if it.exit_s is not None else ""
+            balance = (f", sent {it.sent} logged {it.logged} lost {it.lost}"
+                       if it.probe_used else "")
+            print(f"{scenario.name} #{index}: owner exit {'hang' if it.hang else it.owner_exit}, "
+                  f"{fault}{exit_s}job {it.duration_s}s, run exit records {it.run_exits}, "
+                  f"dropped {it.dropped}{balance}; {status}", flush=True)
+        else:
+            kind = " (plain wandb)" if plain else ""
+            print(f"{scenario.name}{kind} #{index}: exit {it.owner_exit}, "
+                  f"{it.exit_s}s, sent {it.sent} logged {it.logged} dropped {it.dropped} "
+                  f"{status}", flush=True)
         if it.ok and not args.keep:
             shutil.rmtree(it.directory, ignore_errors=True)
         return it
 
-    with ThreadPoolExecutor(args.jobs) as pool:
-        running: set[Future[Iteration]] = set()
-        while True:
-            while len(running) < args.jobs and (job := next_job()) is not None:
-                running.add(pool.submit(work, job))
-            if not running:
-                break
-            finished, running = wait(running, return_when=FIRST_COMPLETED)
-            done.extend(f.result() for f in finished)
+    handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            running: set[Future[Iteration]] = set()
+            while True:
+                while len(running) < args.jobs and (job := next_job()) is not None:
+                    running.add(pool.submit(work, job))
+                if not running:
+                    break
+                finished, running = wait(running, return_when=FIRST_COMPLETED)
+                done.extend(f.result() for f in finished)
+    finally:
+        for signum, handler in handlers.items():  # the caller's (a test's) handlers again
+            signal.signal(signum, handler)
 
     rows = report.summarize(sorted(done, key=lambda i: (i.scenario, i.plain, i.index)))
-    header = {
+    if user:  # the faults in the order they were asked for, not by name
+        order = {s.name: n for n, s in enumerate(chosen)}
+        rows.sort(key=lambda row: order.get(row["scenario"], len(order)))
+    columns = report.user_columns(rows) if user else report.COLUMNS
+    header: dict[str, Any] = {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": round((time.monotonic() - t0) / 60, 1),
         "stopped_early": stopping.is_set(),
@@ -96,52 +169,137 @@ def _soak(args: argparse.Namespace) -> int:
         "jobs": args.jobs,
         "seed": seed,
         "machine": report.machine(),
-        "command": "wandb-funnel soak " + " ".join(sys.argv[2:]),
+        "command": "wandb-funnel " + shlex.join(full_argv),
+        "target": shlex.join(args.target) if user else None,
+        "matrix": str(pathlib.Path(args.matrix).resolve()) if args.matrix else None,
     }
-    report.write(out, rows, header, done)
+    report.write(out, rows, header, done, columns)
     print()
-    print(report.text(rows))
+    print(report.text(rows, columns) if rows else "(no iterations)")
     failed = sum(row["failed"] for row in rows)
     print(f"\n{header['iterations']} iterations, {failed} failed; "
           f"table in {out / 'soak.md'} and {out / 'soak.json'}")
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="wandb-funnel")
-    sub = parser.add_subparsers(dest="command", required=True)
-    soak = sub.add_parser(
-        "soak", help="run the fault matrix and report hangs, exit times and record accounting",
+def _soak_parser(sub: Any) -> argparse.ArgumentParser:
+    soak: argparse.ArgumentParser = sub.add_parser(
+        "soak", usage=_USAGE, description=_DESCRIPTION, epilog=_faults_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run a program (or a fault matrix) over and over with injected faults; report "
+             "hangs, exit codes and times, leftovers and what the runs recorded",
     )
-    soak.add_argument("--iterations", type=int, default=3, help="per scenario (default 3)")
-    soak.add_argument("--minutes", type=float, default=0,
+    soak.add_argument("--iterations", type=int, default=3, metavar="N",
+                      help="per fault or scenario (default 3)")
+    soak.add_argument("--minutes", type=float, default=0, metavar="M",
                       help="run round-robin for this long instead of a fixed count")
-    soak.add_argument("--scenario", action="append",
-                      help="a scenario name or glob; repeat to pick several (default: all)")
-    soak.add_argument("--plain", type=int, default=1,
-                      help="runs of each public report's plain-wandb program (default 1)")
-    soak.add_argument("--jobs", type=int, default=1, help="iterations run at once")
-    soak.add_argument("--out", default="soak-results", help="directory for the table")
+    soak.add_argument("--jobs", type=int, default=1, metavar="N",
+                      help="iterations run at once (default 1)")
+    soak.add_argument("--out", default="soak-results", metavar="DIR",
+                      help="directory for the table and the failed iterations' files "
+                           "(default soak-results)")
     soak.add_argument("--seed", default="", help="replay an earlier soak's randomness")
     soak.add_argument("--keep", action="store_true", help="keep passing iterations' files")
-    soak.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    args = parser.parse_args(argv)
-    if args.command == "soak":
-        # A shell starting us in the background (nohup cmd &) ignores SIGINT, and an ignored
-        # signal is inherited through exec: the programs would then shrug off the Ctrl-C
-        # scenario. A handler of ours is reset to the default at exec instead.
-        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        if args.list:
-            from wandb_funnel.soak.scenarios import SCENARIOS
+    soak.add_argument("--list", action="store_true",
+                      help="list the faults (with --matrix: the scenarios) and exit")
+    soak.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                      help="a run still going this long after its start is a hang (default "
+                           "300 for a COMMAND, which must end well within it; with --matrix "
+                           "it replaces every scenario's own)")
+    user = soak.add_argument_group("a COMMAND (after --)")
+    user.add_argument("--fault", action="append", metavar="NAME",
+                      help="a fault to inject (see below); repeat to pick several "
+                           "(default: all)")
+    user.add_argument("--fault-after", type=_seconds_range, default=(2.0, 10.0),
+                      metavar="MIN:MAX",
+                      help="the fault lands a random MIN..MAX seconds after the start (after "
+                           "the probe's `ready` event if the program sends probe events; "
+                           "default 2:10)")
+    user.add_argument("--wait-ready", action="store_true",
+                      help="the program says `ready` through wandb_funnel.soak.probe: count "
+                           "--fault-after from there, always (kill-worker then kills only "
+                           "pids that said `worker`)")
+    user.add_argument("--grace", type=_seconds_range, default=(10.0, 10.0), metavar="MIN[:MAX]",
+                      help="seconds from SIGTERM to SIGKILL (preempt, scancel), and how long "
+                           "stall-wandb-core stops wandb-core (default 10)")
+    matrix = soak.add_argument_group("a fault matrix (--matrix)")
+    matrix.add_argument("--matrix", metavar="FILE",
+                        help="a Python file that defines SCENARIOS (this project's: "
+                             "soak/scenarios.py); its program names are relative to its "
+                             "PROGRAMS directory, or to the file itself")
+    matrix.add_argument("--scenario", action="append", metavar="NAME",
+                        help="a scenario name or glob; repeat to pick several (default: all)")
+    matrix.add_argument("--plain", type=int, default=1, metavar="N",
+                        help="runs of each public report's plain-wandb program (default 1)")
+    return soak
 
-            for s in SCENARIOS:
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    full_argv = list(argv)
+    target: list[str] = []
+    if "--" in argv:  # everything after the first ``--`` is the user's command, untouched
+        cut = argv.index("--")
+        argv, target = argv[:cut], argv[cut + 1:]
+    parser = argparse.ArgumentParser(prog="wandb-funnel")
+    sub = parser.add_subparsers(dest="command", required=True)
+    soak = _soak_parser(sub)
+    args = parser.parse_args(argv)
+    args.target = target
+    if args.command != "soak":
+        return 2
+    # A shell starting us in the background (nohup cmd &) ignores SIGINT, and an ignored
+    # signal is inherited through exec: the programs would then shrug off the Ctrl-C
+    # scenario. A handler of ours is reset to the default at exec instead.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if args.matrix and target:
+        soak.error("give either --matrix FILE or -- COMMAND, not both")
+    if "--" in full_argv and not target:
+        soak.error("no command after --")
+    if args.iterations < 1 or args.jobs < 1 or args.minutes < 0 or args.plain < 0:
+        soak.error("--iterations and --jobs must be >= 1; --minutes, --plain >= 0")
+    if args.deadline is not None and args.deadline <= 0:
+        soak.error("--deadline must be > 0")
+    from wandb_funnel.soak import scenarios
+
+    if args.matrix:
+        if args.fault or args.wait_ready:
+            soak.error("--fault and --wait-ready are for a COMMAND; pick a matrix's scenarios "
+                       "with --scenario")
+        try:
+            chosen = scenarios.select(scenarios.load_matrix(args.matrix), args.scenario)
+        except ValueError as exc:
+            soak.error(str(exc))
+        if args.deadline is not None:
+            chosen = [dataclasses.replace(s, deadline=args.deadline) for s in chosen]
+        if args.list:
+            for s in chosen:
                 print(f"{s.name:24} {s.summary}")
             return 0
-        if args.iterations < 1 or args.jobs < 1 or args.minutes < 0 or args.plain < 0:
-            parser.error("--iterations and --jobs must be >= 1; --minutes, --plain >= 0")
-        return _soak(args)
-    return 2
+    else:
+        if args.scenario:
+            soak.error("--scenario picks a matrix's scenarios (--matrix FILE); for a COMMAND "
+                       "use --fault")
+        if args.list:
+            for name, (_, summary) in scenarios.USER_FAULTS.items():
+                print(f"{name:17} {summary}")
+            return 0
+        if not target:
+            soak.error("nothing to run: give your program after -- (wandb-funnel soak -- "
+                       "python train.py) or a fault matrix (--matrix FILE)")
+        try:
+            chosen = scenarios.user_matrix(
+                target, args.fault, fault_after=args.fault_after, grace=args.grace,
+                deadline=300.0 if args.deadline is None else args.deadline,
+                wait_ready=args.wait_ready,
+            )
+        except ValueError as exc:
+            soak.error(str(exc))
+    if importlib.util.find_spec("psutil") is None:
+        print("wandb-funnel soak needs psutil: pip install 'wandb-funnel[soak]'", file=sys.stderr)
+        return 2
+    return _soak(args, chosen, full_argv)
 
 
 if __name__ == "__main__":

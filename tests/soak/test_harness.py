@@ -1,17 +1,37 @@
 """The soak harness's own checks catch what they claim to: a hang, a process left behind,
-records lost without a reason, a wrong exit code. Each case is a small misbehaving program."""
+records lost without a reason, a wrong exit code (each case a small misbehaving program);
+and its parts work as documented: matrix files, a user's fault list, the fault's timing, the
+job's environment and the marker scan."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import pathlib
+import random
+import subprocess
+import sys
 import textwrap
+import uuid
+from typing import Any
 
 import pytest
 
+from wandb_funnel import cli
+from wandb_funnel.soak import harness, jobenv
 from wandb_funnel.soak.harness import run_iteration
-from wandb_funnel.soak.scenarios import Scenario
+from wandb_funnel.soak.scenarios import (
+    USER_FAULTS,
+    Fault,
+    Scenario,
+    load_matrix,
+    select,
+    user_matrix,
+)
 
-pytestmark = pytest.mark.soak
+# The cases that run a misbehaving program are marked soak and processes; the rest are pure
+# (tox -e unit runs them).
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _scenario(tmp_path: pathlib.Path, code: str, **kw: object) -> Scenario:
@@ -20,6 +40,8 @@ def _scenario(tmp_path: pathlib.Path, code: str, **kw: object) -> Scenario:
     return Scenario("misbehaving", "a program that breaks a rule", str(program), **kw)  # type: ignore[arg-type]
 
 
+@pytest.mark.soak
+@pytest.mark.processes
 def test_a_hang_is_caught_and_killed(tmp_path: pathlib.Path) -> None:
     scenario = _scenario(tmp_path, "import time\ntime.sleep(600)\n", deadline=2, run_exit=None)
     it = run_iteration(scenario, 1, tmp_path / "out", "s")
@@ -27,6 +49,8 @@ def test_a_hang_is_caught_and_killed(tmp_path: pathlib.Path) -> None:
     assert any("hang" in p for p in it.problems)
 
 
+@pytest.mark.soak
+@pytest.mark.processes
 def test_a_process_left_behind_is_caught(tmp_path: pathlib.Path) -> None:
     code = """
     import subprocess, sys
@@ -39,6 +63,8 @@ def test_a_process_left_behind_is_caught(tmp_path: pathlib.Path) -> None:
     assert any("left behind" in p for p in it.problems)
 
 
+@pytest.mark.soak
+@pytest.mark.processes
 def test_records_lost_without_a_reason_are_caught(tmp_path: pathlib.Path) -> None:
     code = """
     import wandb_funnel as wf
@@ -54,6 +80,8 @@ def test_records_lost_without_a_reason_are_caught(tmp_path: pathlib.Path) -> Non
     assert it.problems == ["5 records lost without a reason"]
 
 
+@pytest.mark.soak
+@pytest.mark.processes
 def test_a_wrong_exit_code_is_caught(tmp_path: pathlib.Path) -> None:
     code = """
     import sys, wandb_funnel as wf
@@ -65,3 +93,154 @@ def test_a_wrong_exit_code_is_caught(tmp_path: pathlib.Path) -> None:
     assert it.owner_exit == 3 and it.run_exits == [3]
     assert any("owner exit code 3" in p for p in it.problems)
     assert any("run exit records [3]" in p for p in it.problems)
+
+
+def test_the_projects_matrix_loads_with_every_program_in_place() -> None:
+    scenarios = load_matrix(REPO / "soak" / "scenarios.py")
+    assert len(scenarios) >= 20
+    for s in scenarios:
+        for program in (s.program, s.plain):
+            if program:
+                assert os.path.isabs(program) and os.path.isfile(program), (s.name, program)
+    assert {s.name for s in select(scenarios, ["torchrun*"])} == {
+        "torchrun", "torchrun-rank-raises", "torchrun-sigterm", "torchrun-rank-killed"}
+    with pytest.raises(ValueError, match="no scenario matches"):
+        select(scenarios, ["no-such-scenario"])
+
+
+def test_a_matrix_resolves_programs_in_its_directory_or_its_programs(
+    tmp_path: pathlib.Path,
+) -> None:
+    own = tmp_path / "own.py"
+    own.write_text("from wandb_funnel.soak.scenarios import Scenario\n"
+                   "SCENARIOS = [Scenario('a', 'x', 'a.py', plain='b.py'),\n"
+                   "             Scenario('b', 'y', '/abs/c.py')]\n")
+    a, b = load_matrix(own)
+    assert (a.program, a.plain, b.program) == (str(tmp_path / "a.py"), str(tmp_path / "b.py"),
+                                               "/abs/c.py")
+    elsewhere = tmp_path / "elsewhere.py"
+    elsewhere.write_text("from wandb_funnel.soak.scenarios import Scenario\n"
+                         "PROGRAMS = '/progs'\nSCENARIOS = [Scenario('a', 'x', 'a.py')]\n")
+    assert load_matrix(elsewhere)[0].program == "/progs/a.py"
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    with pytest.raises(ValueError, match="must define SCENARIOS"):
+        load_matrix(empty)
+    twice = tmp_path / "twice.py"
+    twice.write_text("from wandb_funnel.soak.scenarios import Scenario\n"
+                     "SCENARIOS = [Scenario('a', 'x', 'a.py'), Scenario('a', 'y', 'b.py')]\n")
+    with pytest.raises(ValueError, match="used twice: a"):
+        load_matrix(twice)
+
+
+def test_a_users_faults_are_reported_not_judged() -> None:
+    everything = user_matrix(["python", "train.py"])
+    assert [s.name for s in everything] == list(USER_FAULTS)
+    chosen = user_matrix(["python", "train.py"], ["preempt", "none", "kill-logger"],
+                         fault_after=(1.0, 2.0), grace=(5.0, 6.0), deadline=50)
+    preempt, none, logger = chosen
+    for s in chosen:
+        assert s.command == ("python", "train.py") and s.deadline == 50
+        assert s.owner_exit is None and s.run_exit is None  # reported, not judged
+    assert none.fault is None and none.may_lose is None
+    assert preempt.fault == Fault("preempt", delay=(1.0, 2.0), grace=(5.0, 6.0),
+                                  needs_probe=False)
+    assert preempt.may_lose is None and preempt.may_lose_if_killed
+    assert logger.fault is not None and logger.fault.grace == (0.0, 0.0) and logger.may_lose
+    with pytest.raises(ValueError, match="unknown fault"):
+        user_matrix(["python", "train.py"], ["kill-everything"])
+    with pytest.raises(ValueError, match="unknown fault action"):
+        Fault("explode")
+
+
+class _Owner:
+    def poll(self) -> int | None:
+        return None
+
+
+def _timed_fault(needs_probe: bool) -> tuple[Any, list[float]]:
+    scenario = Scenario("t", "t", command=("x",),
+                        fault=Fault("kill-logger", delay=(2.0, 2.0), needs_probe=needs_probe))
+    fault = harness._Fault(scenario, None, random.Random(0), _Owner(), started=100.0)  # type: ignore[arg-type]
+    landed: list[float] = []
+
+    def inject(now: float) -> bool:
+        landed.append(now)
+        return True
+
+    fault._inject = inject  # type: ignore[method-assign]
+    return fault, landed
+
+
+def test_a_fault_lands_after_ready_or_after_the_start() -> None:
+    # A user's program that never speaks through the probe: from the start.
+    fault, landed = _timed_fault(needs_probe=False)
+    fault.tick(ready=False, probe_used=False, now=101.9)
+    fault.tick(ready=False, probe_used=False, now=102.0)
+    assert landed == [102.0]
+    # One that does (it wrote an event): from its ``ready``, as the matrix's programs.
+    fault, landed = _timed_fault(needs_probe=False)
+    fault.tick(ready=False, probe_used=True, now=105.0)
+    fault.tick(ready=True, probe_used=True, now=106.0)
+    fault.tick(ready=True, probe_used=True, now=107.9)
+    assert landed == []
+    fault.tick(ready=True, probe_used=True, now=108.0)
+    assert landed == [108.0]
+    fault.tick(ready=True, probe_used=True, now=200.0)
+    assert landed == [108.0]  # once
+    # A matrix's program: never without ``ready``.
+    fault, landed = _timed_fault(needs_probe=True)
+    fault.tick(ready=False, probe_used=False, now=500.0)
+    assert landed == []
+
+
+def test_the_clean_environment() -> None:
+    base = {"PATH": "/bin", "WANDB_API_KEY": "k", "WANDB_MODE": "online",
+            "WANDB_FUNNEL_ADDRESS": "ipc://x", "TORCHELASTIC_RUN_ID": "r", "HOME": "/h"}
+    env = jobenv.clean_environment("/w", "/t", mark="m", base=base, extra={"A": "1"})
+    assert env == {"PATH": "/bin", "HOME": "/h", "WANDB_DIR": "/w", "WANDB_MODE": "offline",
+                   "WANDB_SILENT": "true", "TMPDIR": "/t", "PYTHONUNBUFFERED": "1",
+                   jobenv.MARK_VAR: "m", "A": "1"}
+    # The test suite's and the benchmarks' variants: only WANDB_* dropped, TMPDIR the same
+    # directory, no PYTHONUNBUFFERED, another marker variable.
+    env = jobenv.clean_environment("/w", base=base, drop=("WANDB_",), unbuffered=False,
+                                   mark="n", mark_var="OTHER_MARK")
+    assert env["TORCHELASTIC_RUN_ID"] == "r" and env["TMPDIR"] == "/w"
+    assert "PYTHONUNBUFFERED" not in env and "WANDB_API_KEY" not in env
+    assert env["OTHER_MARK"] == "n" and jobenv.MARK_VAR not in env
+
+
+@pytest.mark.soak
+@pytest.mark.processes
+def test_marked_processes_are_found_and_leftovers_killed(tmp_path: pathlib.Path) -> None:
+    mark = uuid.uuid4().hex
+    env = jobenv.clean_environment(tmp_path, mark=mark, mark_var="WANDB_FUNNEL_TEST_SCAN")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
+                            start_new_session=True)
+    try:
+        cache: dict[tuple[int, float], bool] = {}
+        found = jobenv.marked_processes(mark, "WANDB_FUNNEL_TEST_SCAN", cache)
+        assert [p.pid for p in found] == [proc.pid]
+        assert jobenv.marked_processes(mark, "WANDB_FUNNEL_TEST_SCAN", cache)[0].pid == proc.pid
+        assert jobenv.marked_processes(mark) == []  # another variable: not found
+        left = jobenv.leftover_processes(mark, "WANDB_FUNNEL_TEST_SCAN", grace=0.2)
+        assert len(left) == 1 and left[0].startswith(f"{proc.pid} ")
+        assert proc.wait(timeout=10) == -9
+        assert jobenv.marked_processes(mark, "WANDB_FUNNEL_TEST_SCAN") == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_command_line() -> None:
+    assert cli._seconds_range("3") == (3.0, 3.0)
+    assert cli._seconds_range("1.5:4") == (1.5, 4.0)
+    for bad in ("4:1", "-1", "x", "1:2:3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli._seconds_range(bad)
+    for argv in (["soak"], ["soak", "--matrix", "m.py", "--", "python", "x.py"],
+                 ["soak", "--fault", "nope", "--", "python", "x.py"],
+                 ["soak", "--scenario", "x", "--", "python", "x.py"], ["soak", "--"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        assert exc.value.code == 2, argv

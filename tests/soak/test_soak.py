@@ -1,5 +1,6 @@
-"""The short soak CI runs: every scenario of the fault matrix, a few randomized iterations
-each, with every check the long soak makes (``wandb-funnel soak`` / ``tox -e soak``)."""
+"""The short soak CI runs: every scenario of the project's fault matrix (``soak/scenarios.py``
+in the repository), a few randomized iterations each, with every check the long soak makes
+(``wandb-funnel soak --matrix soak/scenarios.py`` / ``tox -e soak``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ import pathlib
 import pytest
 
 from wandb_funnel.soak.harness import run_iteration
-from wandb_funnel.soak.scenarios import SCENARIOS, Scenario
+from wandb_funnel.soak.scenarios import Scenario, load_matrix
+
+MATRIX = pathlib.Path(__file__).resolve().parents[2] / "soak" / "scenarios.py"
+SCENARIOS = load_matrix(MATRIX)
 
 ITERATIONS = int(os.environ.get("WANDB_FUNNEL_SOAK_ITERATIONS", "2"))
 # Hangs fail inside the harness (a deadline per iteration, then it reports and kills); the

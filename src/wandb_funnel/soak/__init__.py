@@ -1,10 +1,14 @@
-"""The soak harness: real user-style programs run over a fault matrix, every exit checked.
+"""The soak harness: a program run over and over with injected faults, every exit checked.
 
-``wandb-funnel soak`` (see ``cli.py``) and the ``soak`` pytest marker both drive it:
-- ``programs/`` holds the programs, each a script a user could have written;
-- ``probe`` is how a program tells the harness what it sent and when things happened;
-- ``scenarios`` is the matrix: a program, a fault to inject, and what must hold afterwards;
+``wandb-funnel soak -- COMMAND`` points it at a user's own program; ``wandb-funnel soak
+--matrix FILE`` runs a fault matrix (this project's is ``soak/scenarios.py`` in its
+repository, with its programs; ``tests/soak/`` runs it briefly in CI). See ``cli.py``.
+- ``scenarios``: what a scenario is (``Scenario``, ``Fault``), matrix files
+  (``load_matrix``), and the faults a user's command gets (``USER_FAULTS``, ``user_matrix``);
+- ``probe`` is how a program may tell the harness what it sent and when things happened;
 - ``harness`` runs one iteration in a private directory and checks it;
+- ``jobenv`` builds a job's clean offline environment and finds its processes by a marker
+  (the tests and the benchmarks use it too);
 - ``runfile`` reads back the ``.wandb`` file wandb wrote;
 - ``report`` turns iterations into the table (text, JSON, Markdown).
 """

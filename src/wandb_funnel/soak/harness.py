@@ -1,8 +1,9 @@
-"""Runs one soak iteration: a program in a private directory, a fault, then every check.
+"""Runs one soak iteration: a program (or a user's command) with a private WANDB_DIR and
+TMPDIR, a fault, then every check.
 
 Every process of the job carries a marker in its environment (the logger, wandb-core, workers
-and torchrun ranks inherit it), so the harness finds them all with psutil: to sample their
-memory, to pick a fault's target, and to prove that none is left behind.
+and torchrun ranks inherit it; see ``jobenv``), so the harness finds them all with psutil: to
+sample their memory, to pick a fault's target, and to prove that none is left behind.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from typing import Any
 import psutil
 
 from wandb_funnel.soak import probe
+from wandb_funnel.soak.jobenv import MARK_VAR, clean_environment, describe, marked_processes
 from wandb_funnel.soak.runfile import find_runs
 from wandb_funnel.soak.scenarios import Scenario
 
-MARK_VAR = "WANDB_FUNNEL_SOAK_MARK"
-PROGRAMS = pathlib.Path(__file__).parent / "programs"
+__all__ = ["LINGER_LIMIT", "MARK_VAR", "Iteration", "run_iteration"]
 # After the owner exits, the rest of the job (the logger finishing the run, wandb-core noticing
 # its parent is gone) must be gone within this long, or it counts as left behind.
 LINGER_LIMIT = 15.0
@@ -61,6 +62,14 @@ class Iteration:
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     rates: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    fault: str | None = None  # the scenario's fault action
+    command: list[str] = field(default_factory=list)
+    fault_at_s: float | None = None  # when the fault landed, seconds after the start
+    duration_s: float | None = None  # start to every process of the job gone
+    probe_used: bool = False  # the program wrote probe events or counts: records balanced
+    runs: list[dict[str, Any]] = field(default_factory=list)  # what each .wandb file says
+    grace_killed: list[str] = field(default_factory=list)  # role:pid the grace's SIGKILL hit
+    mark: str = ""  # the job's marker (jobenv.MARK_VAR): finds its processes
 
     @property
     def ok(self) -> bool:
@@ -84,6 +93,20 @@ def _role(proc: psutil.Process, owner_pid: int) -> str:
     return "worker"
 
 
+# Never the "worker" a kill-worker fault means: multiprocessing's own helper processes, and
+# the ones wandb-core starts (its system monitor).
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver",
+            "multiprocessing.semaphore_tracker", "wandb-symon", "gpu_stats")
+
+
+def _is_helper(proc: psutil.Process) -> bool:
+    try:
+        cmd = " ".join(proc.cmdline())
+    except psutil.Error:
+        return True  # gone meanwhile: not a target either
+    return any(h in cmd for h in _HELPERS)
+
+
 class _Job:
     """The processes of one iteration, found by marker; scanning is cached by pid."""
 
@@ -92,23 +115,7 @@ class _Job:
         self._known: dict[tuple[int, float], bool] = {}
 
     def processes(self) -> list[psutil.Process]:
-        found = []
-        for proc in psutil.process_iter(["pid", "create_time"]):
-            key = (proc.info["pid"], proc.info["create_time"] or 0.0)
-            marked = self._known.get(key)
-            if marked is None:
-                try:
-                    marked = proc.environ().get(MARK_VAR) == self.mark
-                except (psutil.Error, OSError):
-                    continue  # gone, or a zombie: not running
-                self._known[key] = marked
-            if marked:
-                try:
-                    if proc.status() != psutil.STATUS_ZOMBIE:
-                        found.append(proc)
-                except psutil.Error:
-                    pass
-        return found
+        return marked_processes(self.mark, MARK_VAR, self._known)
 
     def by_role(self, role: str) -> list[psutil.Process]:
         return [p for p in self.processes() if _role(p, self.owner_pid) == role]
@@ -126,7 +133,9 @@ class _Job:
 
 
 def _command(scenario: Scenario, program: str, rng: random.Random) -> list[str]:
-    path = str(PROGRAMS / program)
+    if scenario.command:
+        return list(scenario.command)
+    path = os.path.abspath(program)  # a matrix's programs are absolute (load_matrix)
     if not scenario.torchrun:
         return [sys.executable, path, *scenario.args]
     nproc = scenario.torchrun if scenario.torchrun > 0 else rng.randint(2, 4)
@@ -136,45 +145,57 @@ def _command(scenario: Scenario, program: str, rng: random.Random) -> list[str]:
 
 def _environment(mark: str, wandb_dir: pathlib.Path, tmp: str, events: str, sent: str,
                  seed: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "TORCHELASTIC"))}
-    env.update({
-        "WANDB_DIR": str(wandb_dir), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
-        "PYTHONUNBUFFERED": "1", "TMPDIR": tmp, MARK_VAR: mark,
+    return clean_environment(wandb_dir, tmp, mark=mark, extra={
         probe.EVENTS_ENV: events, probe.SENT_ENV: sent, probe.SEED_ENV: seed,
-        "OMP_NUM_THREADS": "1",
+        # One thread per process unless the caller chose: 2-4 ranks on a small machine.
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
     })
-    return env
 
 
 class _Fault:
-    """Injects a scenario's fault once the program said ready, after a random delay."""
+    """Injects a scenario's fault after a random delay: from the program's ``ready`` event,
+    or, for a program that does not use the probe (``Fault.needs_probe=False``), from its
+    start."""
 
     def __init__(self, scenario: Scenario, job: _Job, rng: random.Random,
-                 owner: subprocess.Popen[bytes]) -> None:
+                 owner: subprocess.Popen[bytes], started: float) -> None:
         self.spec = scenario.fault
         self.owner = owner
         self.job, self.rng = job, rng
-        self.due: float | None = None
+        self.started = started  # time.monotonic() at the owner's start
+        self.delay: float | None = None
+        self.ready_at: float | None = None
         self.done_at: float | None = None
         self.later: list[tuple[float, Callable[[], None]]] = []
         self.stopped: list[psutil.Process] = []
         self.worker_pids: set[int] = set()  # pids that said ``worker`` (never rank 0)
         self.signalled: list[str] = []  # role:pid reached by a job-wide signal (scancel)
+        self.killed: list[str] = []  # role:pid reached by the SIGKILL that ends a grace
 
-    def tick(self, ready: bool, now: float) -> None:
+    def tick(self, ready: bool, probe_used: bool, now: float) -> None:
         for when, action in list(self.later):
             if now >= when:
                 self.later.remove((when, action))
                 action()
-        if self.spec is None or self.done_at is not None or not ready:
+        if self.spec is None or self.done_at is not None:
             return
-        if self.due is None:
-            self.due = now + self.rng.uniform(*self.spec.delay)
-        if now >= self.due and self._inject(now):
+        if self.spec.needs_probe or probe_used:
+            if self.ready_at is None:
+                if not ready:
+                    return
+                self.ready_at = now
+            if self.delay is None:
+                self.delay = self.rng.uniform(*self.spec.delay)
+            due = self.ready_at + self.delay
+        else:
+            if self.delay is None:
+                self.delay = self.rng.uniform(*self.spec.delay)
+            due = self.started + self.delay
+        if now >= due and self._inject(now):
             self.done_at = time.time()
 
     def _kill_all(self) -> None:
-        self.job.signal_all(signal.SIGKILL)
+        self.killed = self.job.signal_all(signal.SIGKILL)
 
     def _inject(self, now: float) -> bool:
         assert self.spec is not None
@@ -212,12 +233,19 @@ class _Fault:
 
     def _kill_group(self) -> None:
         if self.owner.poll() is None:  # not reaped, so the group id is still the job's
+            self.killed = [f"{_role(p, self.job.owner_pid)}:{p.pid}"
+                           for p in self.job.processes() if _pgid(p.pid) == self.owner.pid]
             _killpg(self.owner.pid)
 
     def _kill_one(self, role: str) -> bool:
         candidates = self.job.by_role(role)
         if role == "worker":
-            candidates = [p for p in candidates if p.pid in self.worker_pids]
+            announced = [p for p in candidates if p.pid in self.worker_pids]
+            # A program that announces no worker (a user's) may lose any of its processes.
+            if announced or self.spec is None or self.spec.needs_probe:
+                candidates = announced
+            else:
+                candidates = [p for p in candidates if not _is_helper(p)]
         if not candidates:
             return False
         try:
@@ -273,6 +301,13 @@ def _thread_signal_state(pid: int) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 def _killpg(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -281,32 +316,44 @@ def _killpg(pgid: int) -> None:
 
 
 def _describe(proc: psutil.Process) -> str:
-    try:
-        return f"{proc.pid} {' '.join(proc.cmdline())[:100]}"
-    except psutil.Error:
-        return str(proc.pid)
+    return describe(proc, 100)
 
 
 def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: str,
                   plain: bool = False) -> Iteration:
-    """Run ``scenario`` once (its plain-wandb program when ``plain``) and check everything."""
+    """Run ``scenario`` once (its plain-wandb program when ``plain``) and check everything.
+
+    The iteration's directory (``out_dir/<name>-<index>``) is the job's ``WANDB_DIR`` and
+    holds its stdout, stderr and probe files. A matrix's program runs there; a user's command
+    (``Scenario.command``) runs in the current directory, where its relative paths point.
+    """
     program = scenario.plain if plain and scenario.plain else scenario.program
     it = Iteration(scenario.name, index, seed, plain)
+    it.fault = scenario.fault.action if scenario.fault else None
     directory = out_dir / f"{scenario.name}{'-plain' if plain else ''}-{index:04d}"
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
+    directory = directory.resolve()  # the job may run elsewhere: its paths must be absolute
     it.directory = str(directory)
     # Short on purpose: the logger's IPC socket lives under TMPDIR (sun_path is 108 bytes).
     tmp = tempfile.mkdtemp(prefix="wfs-")
     events, sent = str(directory / "events.jsonl"), str(directory / "sent.bin")
     probe.create_sent_file(sent)
     rng = random.Random(seed)
-    mark = uuid.uuid4().hex
+    mark = it.mark = uuid.uuid4().hex
+    it.command = _command(scenario, program, rng)
+    cwd = os.getcwd() if scenario.command else directory
     with open(directory / "stdout.txt", "wb") as out, open(directory / "stderr.txt", "wb") as err:
-        proc = subprocess.Popen(
-            _command(scenario, program, rng), cwd=directory, stdout=out, stderr=err,
-            env=_environment(mark, directory, tmp, events, sent, seed), start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                it.command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                env=_environment(mark, directory, tmp, events, sent, seed),
+                start_new_session=True,
+            )
+        except OSError as exc:  # a user's command that cannot start at all
+            shutil.rmtree(tmp, ignore_errors=True)
+            it.problems.append(f"cannot start {it.command[0]!r}: {exc}")
+            return it
     try:
         _supervise(scenario, it, proc, mark, events, rng, plain)
     finally:
@@ -320,9 +367,9 @@ def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: s
 
 def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes], mark: str,
                events: str, rng: random.Random, plain: bool) -> None:
+    t_start, wall_start = time.monotonic(), time.time()
     job = _Job(mark, proc.pid)
-    fault = _Fault(scenario, job, rng, proc)
-    t_start = time.monotonic()
+    fault = _Fault(scenario, job, rng, proc, t_start)
     deadline = t_start + scenario.deadline
     owner_gone: float | None = None
     seen_events = 0
@@ -337,7 +384,7 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
             elif ev["event"] == "worker" and ev.get("slot", 1) != 0:
                 fault.worker_pids.add(ev["pid"])
         seen_events = len(evs)
-        fault.tick(ready, now)
+        fault.tick(ready, seen_events > 0, now)
         alive = job.processes()
         for p in alive:
             role = _role(p, proc.pid)
@@ -369,6 +416,12 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
         _killpg(proc.pid)
     job.signal_all(signal.SIGKILL)
     it.fault_done = fault.done_at is not None
+    it.grace_killed = fault.killed
+    it.probe_used = bool(probe.read_events(events))
+    if fault.done_at is not None:
+        it.fault_at_s = round(fault.done_at - wall_start, 3)
+    if all_gone_at is not None:
+        it.duration_s = round(all_gone_at - wall_start, 3)
     it.closing_before_fault = fault.done_at is not None and any(
         ev["event"] == "run_closing" and ev["t"] < fault.done_at + scenario.closing_window
         for ev in probe.read_events(events)
@@ -383,7 +436,7 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
     if all_gone_at is not None and t0 is not None:
         it.exit_s = round(max(0.0, all_gone_at - t0), 3)
     it.rates = [round(ev["per_s"]) for ev in probe.read_events(events) if ev["event"] == "rate"]
-    if not plain and it.owner_exit is not None:
+    if not plain and it.owner_exit is not None and scenario.owner_exit is not None:
         if _expect_fault_effects(scenario, it):
             expected = scenario.owner_exit
         elif it.fault_after_end:
@@ -440,7 +493,11 @@ def _check_sockets(it: Iteration, tmp: str) -> None:
 
 def _account(scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: str,
              plain: bool) -> None:
+    """What the ``.wandb`` files say, and, when the program counted what it sent through the
+    probe, the balance sent = logged + dropped (+ lost with a reason). A program that never
+    used the probe (a user's) is not balanced: nothing says what it sent."""
     returned, attempted = probe.read_sent_file(sent)
+    it.probe_used = it.probe_used or any(attempted)
     it.sent = sum(returned)
     in_flight = sum(attempted) - it.sent  # calls a signal interrupted before they counted
     try:
@@ -449,9 +506,16 @@ def _account(scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: s
         it.problems.append(f"cannot read the .wandb file: {exc}")
         return
     it.run_exits = [r.exit_code for r in runs]
-    it.logged = sum(r.count_cells(r"r\d+") for r in runs)
+    it.runs = [
+        {"file": str(r.path.relative_to(directory)), "exit_code": r.exit_code,
+         "history_rows": len(r.history), "records": r.summary.get("funnel/records"),
+         "dropped_records": r.summary.get("funnel/dropped_records")}
+        for r in runs
+    ]
     it.dropped = sum(int(r.summary.get("funnel/dropped_records", 0)) for r in runs)
-    it.lost = it.sent - it.logged - it.dropped
+    if it.probe_used:
+        it.logged = sum(r.count_cells(r"r\d+") for r in runs)
+        it.lost = it.sent - it.logged - it.dropped
     if plain:
         return
     if it.lost < 0 and -it.lost > in_flight:
@@ -459,6 +523,8 @@ def _account(scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: s
     elif it.lost > 0:
         if scenario.may_lose:
             it.lost_reason = scenario.may_lose
+        elif scenario.may_lose_if_killed and it.grace_killed:
+            it.lost_reason = scenario.may_lose_if_killed
         else:
             unaccounted = sum("funnel/records" not in r.summary for r in runs)
             hint = (
