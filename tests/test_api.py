@@ -35,7 +35,7 @@ def test_a_bad_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="rank must be a non-negative int"):
         _api.init(rank=-1)
     with pytest.raises(ValueError, match="rank must be a non-negative int"):
-        _api.init(rank=True)  # type: ignore[arg-type]
+        _api.init(rank=True)
 
 
 class RecordingConfig:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -30,7 +31,7 @@ from wandb_funnel._protocol.messages import (
 MAX = 1 << 26
 
 
-def _batch(records: list[tuple[int, bool, dict]], first_seq: int = 0) -> RecordBatch:
+def _batch(records: list[tuple[int, bool, dict[str, Any]]], first_seq: int = 0) -> RecordBatch:
     packed = [codec.encode_record(s, c, d, MAX) for s, c, d in records]
     message = codec.decode(codec.encode_batch(first_seq, packed), MAX)
     assert isinstance(message, RecordBatch)
@@ -39,7 +40,9 @@ def _batch(records: list[tuple[int, bool, dict]], first_seq: int = 0) -> RecordB
 
 def test_record_batch_round_trip() -> None:
     """A batch decodes to the same steps, commit flags and data, in order."""
-    records = [(0, True, {"a": 1}), (5, False, {"b": {"c": [1.5, None, "x"]}}), (5, True, {})]
+    records: list[tuple[int, bool, dict[str, Any]]] = [
+        (0, True, {"a": 1}), (5, False, {"b": {"c": [1.5, None, "x"]}}), (5, True, {})
+    ]
     batch = _batch(records, first_seq=7)
     assert batch.first_seq == 7
     assert [tuple(r) for r in batch.records] == records
@@ -107,7 +110,7 @@ def test_torch_zero_d_tensor_passes() -> None:
         ({"big": 2**70}, ValueError, "'big'"),
     ],
 )
-def test_bad_values_name_the_key(data: dict, exc: type, fragment: str) -> None:
+def test_bad_values_name_the_key(data: dict[str, Any], exc: type, fragment: str) -> None:
     """Unencodable input raises TypeError/ValueError that names the key at fault."""
     with pytest.raises(exc, match=fragment):
         codec.encode_record(0, True, codec.check_data(data), MAX)
@@ -201,7 +204,7 @@ json_values = st.recursive(
         max_size=10,
     )
 )
-def test_any_valid_records_round_trip(records: list[tuple[int, bool, dict]]) -> None:
+def test_any_valid_records_round_trip(records: list[tuple[int, bool, dict[str, Any]]]) -> None:
     """Every valid record decodes to equal data (NaN compared by repr)."""
     batch = _batch(records)
     assert repr([tuple(r) for r in batch.records]) == repr(records)

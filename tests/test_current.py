@@ -32,7 +32,7 @@ def test_set_get_and_a_finished_run_is_no_longer_current() -> None:
     run = _run()
     _current.use(run)
     assert _current.get() is run
-    run.finished = True
+    cast(Any, run).finished = True  # (the `is` above narrowed it to a Run, read-only there)
     assert _current.get() is None
 
 

@@ -32,8 +32,8 @@ def test_close_of_a_logger_that_already_exited_says_so_at_once() -> None:
 def test_kill_escalates_to_sigkill_for_a_logger_that_ignores_sigterm() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c",
-         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-         "print('ready', flush=True); time.sleep(60)"],
+         ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+          "print('ready', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"

@@ -29,7 +29,7 @@ QUEUE_BOUND = 1_000  # records the receiver may hand to the (stalled) writer
 
 
 def _events(receiver: Receiver) -> list[object]:
-    out = []
+    out: list[object] = []
     while True:
         try:
             out.append(receiver.events.get_nowait())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from wandb_funnel._logger.reduce import RowBuilder, flatten
 from wandb_funnel._options import FunnelOptions
 
 
-def _row(step: int, parts: dict[int, dict]) -> Row:
+def _row(step: int, parts: dict[int, dict[str, Any]]) -> Row:
     return Row(step, parts={r: dict(d) for r, d in parts.items()})
 
 

@@ -3,7 +3,6 @@ hosted in this process (what torchrun's agent hosts for a real job)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,11 +17,11 @@ dist = pytest.importorskip("torch.distributed")  # CI installs torch: this alway
 
 
 @pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def store(monkeypatch: pytest.MonkeyPatch) -> Any:
     tcp = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True,
                         timeout=timedelta(seconds=5), wait_for_workers=False)
     monkeypatch.setattr(rendezvous_module, "_job_store", lambda env, timeout: tcp)
-    yield tcp
+    return tcp
 
 
 ENV = DistEnv("torchrun", 0, 2, 0, 2, 0, "127.0.0.1", 29500, restart=1)

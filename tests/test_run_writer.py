@@ -12,6 +12,8 @@ from wandb_funnel._logger.run_writer import RunWriter
 
 
 class RecordingSink:
+    run_id = "run"
+
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}

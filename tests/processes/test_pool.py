@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from tests.conftest import PRELUDE, Scripts, reports
+from tests.conftest import Scripts, program, reports
 from tests.wandb_reader import only_run
 
 pytestmark = pytest.mark.processes
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+POOL = program("pool")  # the owner process of the scenarios that are not examples
 
 
 def run_example(scripts: Scripts, name: str, *args: str) -> str:
@@ -27,6 +28,7 @@ def run_example(scripts: Scripts, name: str, *args: str) -> str:
         capture_output=True,
         text=True,
         timeout=120,
+        check=False,  # its stderr shows in the failure below
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -36,22 +38,7 @@ def run_example(scripts: Scripts, name: str, *args: str) -> str:
 def test_pool_workers_log_every_step(scripts: Scripts, method: str) -> None:
     """Pool workers started by each start method log through wf.log; the run has every
     record, one row per step, in step order, exit code 0, and nothing is left behind."""
-    res = scripts.run(
-        PRELUDE
-        + f"""
-def work(n):
-    wf.log({{"score": n * n}}, step=n)
-    return os.getpid()
-
-if __name__ == "__main__":
-    with wf.Funnel(project="t") as funnel:
-        report(address=funnel.address, logger_pid=funnel.logger_pid)
-        funnel.log({{"lr": 0.1}}, step=0)
-        with mp.get_context("{method}").Pool(3) as pool:
-            pids = pool.map(work, range(60), chunksize=4)
-    report(stats=funnel.stats, workers=len(set(pids)))
-"""
-    )
+    res = scripts.run_file(POOL, ["pool-workers", "--method", method])
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     run = only_run(scripts.wandb_dir)
@@ -114,23 +101,7 @@ def test_share_run_pattern(scripts: Scripts) -> None:
 def test_fork_child_never_reuses_parent_socket(scripts: Scripts) -> None:
     """A forked child that uses the owner's Run object (inherited) and wf.log attaches as a
     new rank on its own socket; all records arrive."""
-    res = scripts.run(
-        PRELUDE
-        + """
-def child(run):
-    run.log({"via_inherited_run": 1}, step=1)
-    wf.log({"via_wf_log": 2}, step=2)
-
-if __name__ == "__main__":
-    with wf.Funnel(project="t") as funnel:
-        funnel.log({"owner": 0}, step=0)   # the owner's socket exists before the fork
-        ctx = mp.get_context("fork")
-        p = ctx.Process(target=child, args=(funnel.run,))
-        p.start(); p.join(30)
-        funnel.log({"owner": 3}, step=3)
-    report(exitcode=p.exitcode, stats=funnel.stats)
-"""
-    )
+    res = scripts.run_file(POOL, ["fork-child"])
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["exitcode"] == 0
@@ -143,16 +114,7 @@ if __name__ == "__main__":
 
 def test_socket_dir_is_private(scripts: Scripts) -> None:
     """The IPC socket lives in a 0700 directory while the funnel runs, and is gone after."""
-    res = scripts.run(
-        PRELUDE
-        + """
-if __name__ == "__main__":
-    with wf.Funnel(project="t") as funnel:
-        path = funnel.address[len("ipc://"):]
-        st = os.stat(os.path.dirname(path))
-        report(mode=st.st_mode & 0o777, exists=os.path.exists(path), path=path)
-"""
-    )
+    res = scripts.run_file(POOL, ["socket-dir"])
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["mode"] == 0o700 and info["exists"]
@@ -168,30 +130,8 @@ def test_child_that_logs_while_being_unpickled_still_flushes_at_exit(
     forkserver that is before multiprocessing's bootstrap clears the finalizer registry. A
     module that logs at import must still flush and say goodbye when the child exits (it
     leaves through os._exit, so only a multiprocessing finalizer can): every record in the
-    run, no rank counted dead."""
-    (scripts.tmp_path / "logs_at_import.py").write_text(
-        "import os\n"
-        "import wandb_funnel as wf\n"
-        "if os.getpid() != int(os.environ['OWNER_PID']):  # a child, not the owner\n"
-        "    for i in range(10):\n"
-        "        wf.log({'at_import': i}, step=i)\n"
-        "def target():\n"
-        "    pass\n"
-    )
-    res = scripts.run(
-        PRELUDE
-        + f"""
-if __name__ == "__main__":
-    os.environ["OWNER_PID"] = str(os.getpid())
-    with wf.Funnel(project="t") as funnel:
-        import logs_at_import  # here, so that the forkserver does not preload it
-
-        child = mp.get_context("{method}").Process(target=logs_at_import.target)
-        child.start()
-        child.join()
-    report(stats=funnel.stats, child_exit=child.exitcode)
-"""
-    )
+    run, no rank counted dead. (The module is tests/programs/logs_at_import.py.)"""
+    res = scripts.run_file(POOL, ["child-logs-while-unpickled", "--method", method])
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["child_exit"] == 0

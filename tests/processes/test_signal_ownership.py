@@ -85,7 +85,7 @@ def _expected_exit(role: str, handler: str, land: str, sig: str) -> int:
 @pytest.mark.parametrize(
     ("role", "method", "handler", "when", "land", "sig"),
     _cases(),
-    ids=lambda v: str(v),
+    ids=str,
 )
 def test_signal_ownership(
     scripts: Scripts, role: str, method: str, handler: str, when: str, land: str, sig: str

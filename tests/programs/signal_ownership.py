@@ -159,7 +159,8 @@ def dataloader() -> Any:
     from torch.utils.data import DataLoader
 
     # Persistent workers, forked after init, running while the handler is installed.
-    return DataLoader(list(range(4 * STEPS)), batch_size=1, num_workers=2, persistent_workers=True)
+    items: Any = list(range(4 * STEPS))  # a list serves as a map-style dataset
+    return DataLoader(items, batch_size=1, num_workers=2, persistent_workers=True)
 
 
 def main() -> None:
