@@ -29,6 +29,16 @@ def test_exception_in_block_exits_1(scripts: Scripts) -> None:
     assert res.leftovers == []
 
 
+@pytest.mark.parametrize("code", [0, 3, 143])
+def test_the_logger_process_exits_with_the_runs_exit_code(scripts: Scripts, code: int) -> None:
+    """The logger's exit code is the code it finished the run with (it used to be 0 always)."""
+    res = scripts.run_file(LIFECYCLE, ["close-with-code", "--code", str(code)])
+    assert res.returncode == 0, res.stderr
+    assert reports(res.stdout) == {"logger_exit": code, "run_exit": code}
+    assert only_run(scripts.wandb_dir).exit_code == code
+    assert res.leftovers == []
+
+
 @pytest.mark.parametrize(
     ("ending", "code"), [("pass", 0), ("raise", 1), ("exit", 3)]  # raise ValueError; sys.exit(3)
 )

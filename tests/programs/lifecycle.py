@@ -45,6 +45,16 @@ def exception_in_block(args: argparse.Namespace) -> None:
         raise RuntimeError("boom")
 
 
+@scenario(option("--code", type=int, required=True))
+def close_with_code(args: argparse.Namespace) -> None:
+    """Log, close with --code; report the logger process's own exit code."""
+    funnel = wf.Funnel(project="t").start()
+    funnel.log({"x": 1})
+    funnel.close(args.code)
+    assert funnel._logger is not None
+    report(logger_exit=funnel._logger.returncode, run_exit=funnel.exit_code)
+
+
 @scenario(option("--ending", choices=["pass", "raise", "exit"], required=True))
 def no_close_atexit(args: argparse.Namespace) -> None:
     """wf.init() and 30 records, no close(): the program ends as --ending says."""
