@@ -369,7 +369,7 @@ def main() -> int:
 
                 log_to_stderr(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
                 return NullSink(kwargs["id"])
-            from wandb_funnel._wandb import WandbSink
+            from wandb_funnel._wandb import WandbSink  # here: the null sink never loads wandb
 
             return WandbSink(kwargs, start.options.step_key)
 

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 _TEARDOWN_TIMEOUT = 2.0  # seconds an exiting owner waits for wandb-core to shut down
 
+# `_wandb` is imported inside the functions that use it: it loads `secrets` (hashlib, OpenSSL),
+# and every worker imports this module through the package without ever needing it.
+
 
 def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """wandb.init kwargs as plain JSON data for the logger process (no pickle anywhere)."""

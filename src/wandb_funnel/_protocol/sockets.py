@@ -257,7 +257,7 @@ class LoggerSocket:
         self._auth: Any = None
         self.tcp_endpoint: str | None = None
         if curve:
-            from zmq.auth.thread import ThreadAuthenticator
+            from zmq.auth.thread import ThreadAuthenticator  # only a TCP (multi-node) logger
 
             self._auth = ThreadAuthenticator(self._ctx)
             self._auth.start()
