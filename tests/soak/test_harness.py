@@ -9,6 +9,7 @@ import argparse
 import os
 import pathlib
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -244,3 +245,30 @@ def test_the_command_line() -> None:
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)
         assert exc.value.code == 2, argv
+
+
+@pytest.mark.soak
+@pytest.mark.processes
+def test_a_marked_process_on_a_pid_seen_before_is_signalled(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan never yields psutil's cached object of a dead process for a new process on the
+    same pid (psutil would then refuse to signal it as 'PID reused'). psutil.process_iter's
+    shared cache is what did that; the scan must not use it."""
+    import psutil
+
+    def no_shared_cache(*args: object, **kwargs: object) -> None:
+        raise AssertionError("psutil.process_iter's module-wide cache is not thread-safe")
+
+    monkeypatch.setattr(psutil, "process_iter", no_shared_cache)
+    mark = uuid.uuid4().hex
+    env = jobenv.clean_environment(tmp_path, mark=mark, mark_var="WANDB_FUNNEL_TEST_SCAN")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
+                            start_new_session=True)
+    try:
+        (found,) = jobenv.marked_processes(mark, "WANDB_FUNNEL_TEST_SCAN")
+        found.send_signal(signal.SIGTERM)  # a fresh object: psutil lets the signal through
+        assert proc.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()

@@ -81,10 +81,20 @@ def marked_processes(
 
     me = os.getpid()
     found = []
-    for proc in psutil.process_iter(["pid", "create_time"]):
-        if proc.pid == me:
+    # Fresh Process objects, not psutil.process_iter: its module-wide cache is copied when an
+    # iteration starts and written back when it ends, so scans from several threads (the
+    # harness's --jobs) can write back the object of a process that has since died. When
+    # its pid comes round again (pid_max is 32768 here), the scan yields that stale object
+    # for the new process, and psutil refuses to signal it ("PID reused"): the soak's scancel
+    # then missed the owner and wandb-core of report-wandb9963 while reaching the rest.
+    for pid in psutil.pids():
+        if pid == me:
             continue
-        key = (proc.info["pid"], proc.info["create_time"] or 0.0)
+        try:
+            proc = psutil.Process(pid)
+            key = (pid, proc.create_time())
+        except psutil.Error:
+            continue  # gone meanwhile
         marked = cache.get(key) if cache is not None else None
         if marked is None:
             try:
