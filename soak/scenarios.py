@@ -91,7 +91,11 @@ SCENARIOS: list[Scenario] = [
              plain="report_lightning6106_plain.py"),
     Scenario("report-fairseq4619", "fairseq#4619: multi-GPU DDP never calls finish",
              "report_fairseq4619_funnel.py", torchrun=2, needs=("torch",), deadline=120,
-             plain="report_fairseq4619_plain.py"),
+             plain="report_fairseq4619_plain.py",
+             # Like fairseq, the program never calls destroy_process_group(): a rank can die
+             # of the same torch gloo + CPython 3.11 exit abort as report-wandb2233
+             # (REPORTS.md; seen once in a fresh-clone CI run: rank 1 -6, torchrun exit 1).
+             known_abort="terminate called without an active exception"),
     Scenario("report-yolov5-5160", "yolov5#5160: destroy_process_group() at the end",
              "report_yolov5_5160_funnel.py", torchrun=2, needs=("torch",), deadline=120,
              plain="report_yolov5_5160_plain.py"),
