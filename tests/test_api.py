@@ -36,6 +36,10 @@ def test_a_bad_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         _api.init(rank=-1)
     with pytest.raises(ValueError, match="rank must be a non-negative int"):
         _api.init(rank=True)
+    with pytest.raises(TypeError, match="not options="):
+        _api.init(options=None)
+    with pytest.raises(TypeError, match="not topology="):
+        _api.init(topology=None)
 
 
 class RecordingConfig:

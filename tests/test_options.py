@@ -38,14 +38,14 @@ def test_defaults_and_split_leave_wandb_arguments_alone() -> None:
         ({"step_key": ""}, ValueError, "step_key"),
         ({"step_key": 3}, ValueError, "step_key"),
         ({"close_timeout": 0}, ValueError, "close_timeout"),
-        ({"close_timeout": "5"}, TypeError, "close_timeout"),
-        ({"close_timeout": True}, TypeError, "close_timeout"),
+        ({"close_timeout": "5"}, ValueError, "close_timeout"),
+        ({"close_timeout": True}, ValueError, "close_timeout"),
         ({"start_timeout": -1}, ValueError, "start_timeout"),
-        ({"start_timeout": float("nan")}, TypeError, "start_timeout"),
+        ({"start_timeout": float("nan")}, ValueError, "start_timeout"),
         ({"reorder_window": -0.5}, ValueError, "reorder_window"),
         ({"max_pending_rows": 0}, ValueError, "max_pending_rows"),
-        ({"max_pending_rows": 2.0}, TypeError, "max_pending_rows"),
-        ({"max_record_bytes": True}, TypeError, "max_record_bytes"),
+        ({"max_pending_rows": 2.0}, ValueError, "max_pending_rows"),
+        ({"max_record_bytes": True}, ValueError, "max_record_bytes"),
     ],
 )
 def test_a_bad_option_is_named_at_the_call_site(
@@ -55,6 +55,11 @@ def test_a_bad_option_is_named_at_the_call_site(
         FunnelOptions(**kwargs)
     with pytest.raises(exc, match=named):  # the same check, through the public entry point
         wf.Funnel(project="p", **kwargs)
+
+
+def test_options_are_checked_in_their_documented_order() -> None:
+    with pytest.raises(ValueError, match="run_mode"):  # the first bad one is named
+        FunnelOptions(step_key="", run_mode="bad")
 
 
 def test_zero_reorder_window_is_allowed() -> None:

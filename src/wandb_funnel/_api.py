@@ -57,6 +57,11 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
     """
     if rank is not None and (type(rank) is not int or rank < 0):
         raise ValueError(f"wandb_funnel: rank must be a non-negative int, got {rank!r}")
+    for name in ("options", "topology"):  # Funnel's own parameters, not init()'s
+        if name in wandb_init_kwargs:
+            raise TypeError(
+                f"wandb_funnel: init() takes the funnel's options as keywords, not {name}="
+            )
     with _current.lock:
         run = _current.get()
         if run is not None:

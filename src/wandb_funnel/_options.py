@@ -38,9 +38,12 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
+# A number or count of the wrong type is a ValueError, as it always was here (callers that
+# pass strings from the environment catch ValueError); a reduce= of the wrong type is a
+# TypeError, as it always was.
 def _number(name: str, value: Any, *, positive: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise TypeError(f"wandb_funnel: {name} must be a number, got {value!r}")
+        raise ValueError(f"wandb_funnel: {name} must be a number, got {value!r}")
     if positive and not value > 0:
         raise ValueError(f"wandb_funnel: {name} must be a positive number, got {value!r}")
     if value < 0:
@@ -50,7 +53,7 @@ def _number(name: str, value: Any, *, positive: bool) -> float:
 
 def _count(name: str, value: Any) -> int:
     if type(value) is not int:
-        raise TypeError(f"wandb_funnel: {name} must be an int, got {value!r}")
+        raise ValueError(f"wandb_funnel: {name} must be an int, got {value!r}")
     if value < 1:
         raise ValueError(f"wandb_funnel: {name} must be >= 1, got {value!r}")
     return value
@@ -100,7 +103,8 @@ class FunnelOptions:
             or ``"worker"`` (one per node).
 
     Raises:
-        TypeError, ValueError: an option of the wrong type or out of range, named.
+        ValueError: an option of the wrong type or out of range, named.
+        TypeError: ``reduce`` is not None, a str or a dict, or has a key that is not a str.
     """
 
     __slots__ = (
@@ -139,10 +143,10 @@ class FunnelOptions:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         rank_scope: str = "global",
     ) -> None:
-        if not isinstance(step_key, str) or not step_key:
-            raise ValueError(f"wandb_funnel: step_key must be a non-empty str, got {step_key!r}")
         self.run_mode = _choice("run_mode", run_mode, RUN_MODES)
         self.reduce = _reducers(reduce)
+        if not isinstance(step_key, str) or not step_key:
+            raise ValueError(f"wandb_funnel: step_key must be a non-empty str, got {step_key!r}")
         self.step_key = step_key
         self.close_timeout = _number("close_timeout", close_timeout, positive=True)
         self.start_timeout = _number("start_timeout", start_timeout, positive=True)

@@ -12,11 +12,12 @@ import threading
 import time
 import warnings
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wandb_funnel import _current
 from wandb_funnel._constants import EXPORTED_ENV
 from wandb_funnel._options import FunnelOptions, Topology
+from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
 from wandb_funnel._protocol.sockets import (
     client_curve,
@@ -27,9 +28,6 @@ from wandb_funnel._protocol.sockets import (
 from wandb_funnel._worker import lifecycle, stream
 from wandb_funnel._worker.run import AttachInfo, Run
 from wandb_funnel.errors import FunnelWarning
-
-if TYPE_CHECKING:
-    from wandb_funnel._owner.logger_process import LoggerProcess
 
 _TEARDOWN_TIMEOUT = 2.0  # seconds an exiting owner waits for wandb-core to shut down
 
@@ -156,9 +154,6 @@ class Funnel:
         """
         if self._logger is not None:
             raise RuntimeError("wandb_funnel: Funnel.start() called twice")
-        # Here, not at the top: subprocess and select are the owner's alone, and every worker
-        # imports this module (through the package) without ever starting a logger.
-        from wandb_funnel._owner.logger_process import LoggerProcess
         from wandb_funnel._wandb import setup_service
 
         # Before any process is spawned, so all of them share one wandb-core.
