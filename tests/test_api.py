@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -42,29 +42,25 @@ def test_a_bad_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         _api.init(topology=None)
 
 
-class RecordingConfig:
-    def __init__(self) -> None:
-        self.updates: list[dict[str, Any]] = []
-
-    def update(self, data: dict[str, Any]) -> None:
-        self.updates.append(dict(data))
-
-
-class FakeRun:
-    def __init__(self) -> None:
-        self.config = RecordingConfig()
-
-
-def test_an_attaching_rank_applies_config_and_warns_about_the_owners_arguments() -> None:
-    run = FakeRun()
+def test_an_attaching_rank_warns_about_the_owners_arguments() -> None:
     with pytest.warns(FunnelWarning, match="ignored: name, project"):
-        _api._apply_config(
-            cast(Any, run),
-            {"config": {"lr": 0.1}, "project": "p", "name": "n", "reduce": "sum"},  # funnel
-        )
-    assert run.config.updates == [{"lr": 0.1}]
-    _api._apply_config(cast(Any, run), {"config": argparse.Namespace(batch=8)})
-    assert run.config.updates[-1] == {"batch": 8}  # an argparse config, as wandb takes it
+        _api._warn_ignored({"project": "p", "name": "n", "reduce": "sum"})  # reduce: ours
+
+
+def test_init_config_is_taken_as_wandb_takes_it() -> None:
+    kwargs: dict[str, Any] = {"config": argparse.Namespace(batch=8, lr=0.1), "project": "p"}
+    assert _api._init_config(kwargs) == {"batch": 8, "lr": 0.1}
+    assert kwargs == {"project": "p"}  # config is taken out
+    kwargs = {"config": {"a": 1, "b": 2}, "config_exclude_keys": ["b"], "allow_val_change": True}
+    assert _api._init_config(kwargs) == {"a": 1}
+    assert kwargs == {}
+    assert _api._init_config({"config": {"a": 1, "b": 2}, "config_include_keys": ["b"]}) == {
+        "b": 2
+    }
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        _api._init_config({"config_include_keys": [], "config_exclude_keys": []})
+    with pytest.raises(TypeError, match="config must be a dict"):
+        _api._init_config({"config": 3})
 
 
 def test_finish_without_a_run_does_nothing() -> None:

@@ -25,8 +25,15 @@ def test_an_id_is_made_when_none_is_given() -> None:
 
 
 def test_wandb_arguments_must_be_plain_data_and_are_named() -> None:
-    with pytest.raises(TypeError, match="config= must be plain data"):
-        wf.Funnel(config={"f": object()})
+    with pytest.raises(TypeError, match="notes= must be plain data"):
+        wf.Funnel(notes=object())
+    # A config is stored as wandb stores it: JSON (int keys become str, objects their str).
+    stored = wf.Funnel(config={"id2label": {0: "neg", 1: "pos"}, "f": print, "t": (1, 2)})
+    assert stored._init_kwargs["config"] == {
+        "id2label": {"0": "neg", "1": "pos"},
+        "f": str(print),
+        "t": [1, 2],
+    }
     with pytest.raises(TypeError, match="id must be a str"):
         wf.Funnel(id=3)
     with pytest.raises(TypeError, match="topology must be a Topology"):

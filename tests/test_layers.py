@@ -12,16 +12,21 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "wandb_funnel"
 
 # role (a module or subpackage of wandb_funnel) -> the roles it must never import
 FORBIDDEN: dict[str, set[str]] = {
-    "_protocol": {"_worker", "_owner", "_logger", "_api", "_wandb", "_current"},
-    "_worker": {"_owner", "_logger", "_api", "_wandb", "_launched_init"},
-    "_owner": {"_logger", "_api", "_launched_init"},
-    "_logger": {"_worker", "_owner", "_api", "_current", "_launched_init"},
-    "_options": {"_protocol", "_worker", "_owner", "_logger", "_api"},
-    "_constants": {"_protocol", "_worker", "_owner", "_logger", "_api", "_options"},
-    "_current": {"_protocol", "_owner", "_logger", "_api"},
-    "_pid": {"_protocol", "_worker", "_owner", "_logger", "_api"},
-    "_wandb": {"_worker", "_owner", "_logger", "_api"},
-    "_launched_init": {"_logger", "_api"},
+    "_protocol": {"_worker", "_owner", "_logger", "_api", "_wandb", "_current", "_installed"},
+    "_worker": {"_owner", "_logger", "_api", "_wandb", "_launched_init", "_installed"},
+    "_owner": {"_logger", "_api", "_launched_init", "_installed"},
+    "_logger": {"_worker", "_owner", "_api", "_current", "_launched_init", "_installed"},
+    "_options": {"_protocol", "_worker", "_owner", "_logger", "_api", "_installed"},
+    "_constants": {"_protocol", "_worker", "_owner", "_logger", "_api", "_options", "_installed"},
+    "_current": {"_protocol", "_owner", "_logger", "_api", "_installed"},
+    "_pid": {"_protocol", "_worker", "_owner", "_logger", "_api", "_installed"},
+    "_wandb": {"_worker", "_owner", "_logger", "_api", "_installed"},
+    "_launched_init": {"_logger", "_api", "_installed"},
+    "_api": {"_installed"},
+    # The wandb-facing layer sits on top: it uses the API, never the logger's insides.
+    "_installed": {"_logger"},
+    # The startup hook imports only the installer, and only once wandb is imported.
+    "_bootstrap": {"_api", "_worker", "_owner", "_logger", "_protocol"},
 }
 
 

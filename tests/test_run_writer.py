@@ -28,6 +28,12 @@ class RecordingSink:
     def update_summary(self, data: dict[str, Any]) -> None:
         self.summary.update(data)
 
+    def define_metric(self, data: dict[str, Any]) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
     def finish(self, exit_code: int) -> None:
         self.exit_code = exit_code
 

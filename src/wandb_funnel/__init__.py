@@ -19,6 +19,31 @@ from wandb_funnel.errors import (
     LoggerUnavailableError,
 )
 
+
+def install(**funnel_options: object) -> None:
+    """Route the ``wandb`` module through the funnel, here and in every process started from
+    here: ``wandb.init`` (yours, or HF's, Lightning's, accelerate's) then returns a funnel Run,
+    and ``wandb.run``, ``config``, ``summary``, ``log``, ``define_metric``, ... follow it.
+
+    One line at the top of a script, before or after ``import wandb``. Idempotent.
+    ``funnel_options`` are ``FunnelOptions`` (``run_mode``, ``reduce``, ...).
+
+    Raises:
+        ValueError, TypeError: a bad option, named.
+    """
+    # Here, not at the top: it imports wandb, which a worker that only logs never needs.
+    from wandb_funnel._installed.install import install as install_into_wandb
+
+    install_into_wandb(**funnel_options)
+
+
+def uninstall() -> None:
+    """Put the ``wandb`` module back as it was, here and for processes started from now on."""
+    from wandb_funnel._installed.install import uninstall as uninstall_from_wandb
+
+    uninstall_from_wandb()
+
+
 __all__ = [
     "ClientClosedError",
     "Funnel",
@@ -31,5 +56,7 @@ __all__ = [
     "__version__",
     "finish",
     "init",
+    "install",
     "log",
+    "uninstall",
 ]

@@ -11,9 +11,11 @@ from wandb_funnel import _current
 from wandb_funnel._constants import ENV_RANK_PID, WELCOME_TIMEOUT
 from wandb_funnel._launched_init import init_launched
 from wandb_funnel._launcher_env import detect as detect_dist_env
+from wandb_funnel._launcher_env import from_process_group
 from wandb_funnel._options import FunnelOptions
 from wandb_funnel._owner.funnel import Funnel
 from wandb_funnel._worker.run import AttachInfo, Run
+from wandb_funnel._worker.run_data import parse_config
 from wandb_funnel.errors import FunnelWarning
 
 
@@ -44,12 +46,14 @@ def attach_info_from_env() -> AttachInfo | None:
 def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
     """Attach this process to the funnel it can see, or start a private one.
 
-    In a process started after a Funnel (it finds ``WANDB_FUNNEL_ADDRESS``), this attaches as a
-    rank: ``rank`` if given, else ``RANK`` from the environment, else the next one the logger
-    assigns. ``config=`` is applied to the run; other wandb.init arguments belong to the owner
-    and are ignored with a warning. With no funnel around it starts a private one, so a
-    single-process script works exactly like ``wandb.init``. While this process has an
-    unfinished Run, ``init`` returns it.
+    Takes ``wandb.init``'s keywords, as wandb does (a ``None`` value means "not set"), mixed
+    with the funnel's options (``FunnelOptions``). In a process started after a Funnel (it
+    finds ``WANDB_FUNNEL_ADDRESS``), this attaches as a rank: ``rank`` if given, else ``RANK``
+    from the environment, else the next one the logger assigns. ``config=`` is applied to the
+    run; other wandb.init arguments belong to the owner and are ignored with a warning. With no
+    funnel around it starts a private one, so a single-process script works exactly like
+    ``wandb.init``. While this process has an unfinished Run, ``init`` returns it (updating
+    its config), unless ``reinit="finish_previous"`` (or ``True``) finishes it first.
 
     Raises:
         TypeError, ValueError: bad arguments, named.
@@ -62,44 +66,88 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
             raise TypeError(
                 f"wandb_funnel: init() takes the funnel's options as keywords, not {name}="
             )
+    kwargs = {k: v for k, v in wandb_init_kwargs.items() if v is not None}
+    reinit = kwargs.pop("reinit", None)
+    config = _init_config(kwargs)
     with _current.lock:
         run = _current.get()
+        if run is not None and reinit in (True, "finish_previous"):
+            run.finish()
+            _current.forget(run)
+            run = None
         if run is not None:
-            _apply_config(run, wandb_init_kwargs)
+            _warn_ignored(kwargs)
+            run.config.update(config, allow_val_change=True)
             return run
-        info = attach_info_from_env()
-        if info is None and rank is None:
-            env = detect_dist_env()
-            if env is not None and env.world_size > 1:
-                options, wandb_kwargs = FunnelOptions.split(wandb_init_kwargs)
-                run = init_launched(env, options, wandb_kwargs)
-                _current.use(run)
-                return run
-        if info is None:
-            if multiprocessing.parent_process() is not None:
-                warnings.warn(
-                    "wandb-funnel: no funnel found in this child process (was the Funnel "
-                    "started after this process, or after a forkserver?); starting a "
-                    "private run for it",
-                    FunnelWarning,
-                    stacklevel=2,
-                )
-            run = Funnel(**wandb_init_kwargs).start().run
-        else:
-            run = Run(info, requested_rank=rank if rank is not None else _env_rank())
-            # Like wandb.init, init() returns once the run knows us: the logger then holds
-            # rows for this rank, so ranks that sync after init (a barrier) merge at step 0.
-            if not run._attach(WELCOME_TIMEOUT):
-                warnings.warn(
-                    f"wandb-funnel: the logger at {info.address} did not answer within "
-                    f"{WELCOME_TIMEOUT}s; logging anyway (records are buffered, then counted "
-                    f"if dropped)",
-                    FunnelWarning,
-                    stacklevel=2,
-                )
-            _apply_config(run, wandb_init_kwargs)
+        if config:
+            kwargs["config"] = config
+        run = _new_run(rank, kwargs)
+        # A run this process opened has the config already (its mirror too: nothing is sent
+        # again); a rank that attached sends it.
+        run.config.update(config, allow_val_change=True)
         _current.use(run)
         return run
+
+
+def _new_run(rank: int | None, kwargs: dict[str, Any]) -> Run:
+    info = attach_info_from_env()
+    if info is None and rank is None:
+        env = detect_dist_env() or from_process_group()
+        if env is not None and env.world_size > 1:
+            options, wandb_kwargs = FunnelOptions.split(kwargs)
+            return init_launched(env, options, wandb_kwargs)
+    if info is None:
+        if multiprocessing.parent_process() is not None:
+            warnings.warn(
+                "wandb-funnel: no funnel found in this child process (was the Funnel "
+                "started after this process, or after a forkserver?); starting a "
+                "private run for it",
+                FunnelWarning,
+                stacklevel=3,
+            )
+        return Funnel(**kwargs).start().run
+    run = Run(info, requested_rank=rank if rank is not None else _env_rank())
+    # Like wandb.init, init() returns once the run knows us: the logger then holds
+    # rows for this rank, so ranks that sync after init (a barrier) merge at step 0.
+    if not run._attach(WELCOME_TIMEOUT):
+        warnings.warn(
+            f"wandb-funnel: the logger at {info.address} did not answer within "
+            f"{WELCOME_TIMEOUT}s; logging anyway (records are buffered, then counted "
+            f"if dropped)",
+            FunnelWarning,
+            stacklevel=3,
+        )
+    _warn_ignored({k: v for k, v in kwargs.items() if k != "config"})
+    return run
+
+
+def _init_config(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``config=`` of wandb.init, with ``config_include_keys`` / ``config_exclude_keys``
+    applied (all three taken out of ``kwargs``), keys and values as wandb stores them."""
+    config = parse_config(kwargs.pop("config", None))
+    kwargs.pop("allow_val_change", None)  # init's config is applied as given, as wandb does
+    include = kwargs.pop("config_include_keys", None)
+    exclude = kwargs.pop("config_exclude_keys", None)
+    if include is not None and exclude is not None:
+        raise ValueError(
+            "wandb_funnel: config_include_keys and config_exclude_keys are mutually exclusive"
+        )
+    if include is not None:
+        config = {k: v for k, v in config.items() if k in include}
+    if exclude is not None:
+        config = {k: v for k, v in config.items() if k not in exclude}
+    return config
+
+
+def _warn_ignored(kwargs: dict[str, Any]) -> None:
+    ignored = sorted(k for k in kwargs if k not in FunnelOptions.NAMES)
+    if ignored:
+        warnings.warn(
+            f"wandb-funnel: init() attached to an existing funnel; these arguments belong to "
+            f"its owner and were ignored: {', '.join(ignored)}",
+            FunnelWarning,
+            stacklevel=4,
+        )
 
 
 def _mark_launcher_rank() -> None:
@@ -113,23 +161,6 @@ def _mark_launcher_rank() -> None:
 _mark_launcher_rank()
 
 
-def _apply_config(run: Run, kwargs: dict[str, Any]) -> None:
-    kwargs = dict(kwargs)
-    config = kwargs.pop("config", None)
-    ignored = sorted(k for k in kwargs if k not in FunnelOptions.NAMES)
-    if ignored:
-        warnings.warn(
-            f"wandb-funnel: init() attached to an existing funnel; these arguments belong to "
-            f"its owner and were ignored: {', '.join(ignored)}",
-            FunnelWarning,
-            stacklevel=3,
-        )
-    if config is not None:
-        run.config.update(
-            vars(config) if hasattr(config, "__dict__") and not isinstance(config, dict) else config
-        )
-
-
 def log(data: dict[str, Any], step: int | None = None, commit: bool | None = None) -> None:
     """Log through this process's current Run, attaching on first use (see ``Run.log``)."""
     run = _current.get()
@@ -138,7 +169,7 @@ def log(data: dict[str, Any], step: int | None = None, commit: bool | None = Non
     run.log(data, step=step, commit=commit)
 
 
-def finish(exit_code: int | None = None) -> None:
+def finish(exit_code: int | None = None, quiet: bool | None = None) -> None:
     """Finish this process's current Run, if any (the owner's: close the funnel)."""
     run = _current.get()
     if run is not None:

@@ -17,6 +17,11 @@ ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when t
 # pid (a DataLoader worker, a Pool) then gets a fresh rank instead of colliding with its parent.
 ENV_RANK_PID: Final = "WANDB_FUNNEL_RANK_PID"
 ENV_SINK: Final = "WANDB_FUNNEL_SINK"  # "null": the logger writes nothing (benchmarks)
+# JSON: the open run's name, project, entity, dir, url, ... (what ``wandb.run.name`` answers).
+ENV_RUN_INFO: Final = "WANDB_FUNNEL_RUN_INFO"
+# Set (to JSON funnel options) by ``install()`` and ``wandb-funnel run``: every Python process
+# started with it installs the funnel into ``wandb`` at startup (``_bootstrap/sitecustomize``).
+ENV_INSTALL: Final = "WANDB_FUNNEL_INSTALL"
 
 EXPORTED_ENV: Final = (
     ENV_ADDRESS,
@@ -26,6 +31,7 @@ EXPORTED_ENV: Final = (
     ENV_HOST,
     ENV_MAX_RECORD_BYTES,
     ENV_CURVE,
+    ENV_RUN_INFO,
 )
 
 # --- defaults -------------------------------------------------------------------------------

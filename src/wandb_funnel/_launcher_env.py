@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -18,7 +19,7 @@ from wandb_funnel._constants import ENV_RANK_PID
 class DistEnv(NamedTuple):
     """One process's place in a distributed job."""
 
-    launcher: str  # "torchrun", "slurm", "openmpi" or "pmi"
+    launcher: str  # "torchrun", "slurm", "openmpi", "pmi" or "torch.distributed"
     rank: int
     world_size: int
     local_rank: int
@@ -121,3 +122,39 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv | None:
                 master_port,
             )
     return None
+
+
+def from_process_group(env: Mapping[str, str] | None = None) -> DistEnv | None:
+    """The job of an initialized ``torch.distributed`` default process group, for launchers
+    that set no rank variables: ``mp.spawn``, Lightning's subprocess launcher (``LOCAL_RANK``,
+    ``NODE_RANK``, ``WORLD_SIZE``, no ``RANK``), a user's own. Never imports torch: a process
+    that has not imported it has no process group.
+
+    The node layout comes from ``LOCAL_WORLD_SIZE`` when set; otherwise every rank is taken
+    to be on this node (set ``LOCAL_WORLD_SIZE`` for several nodes without torchrun or SLURM).
+    """
+    env = os.environ if env is None else env
+    owner = env.get(ENV_RANK_PID)
+    if owner is not None and owner != str(os.getpid()):
+        return None
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and data.get_worker_info() is not None:
+        return None  # a DataLoader worker forked from a rank: the group's state is its parent's
+    rank, world = int(dist.get_rank()), int(dist.get_world_size())
+    local_world = _int(env, "LOCAL_WORLD_SIZE") or world
+    local_rank = _int(env, "LOCAL_RANK")
+    if local_rank is None:
+        local_rank = rank % max(1, local_world)
+    return DistEnv(
+        "torch.distributed",
+        rank,
+        world,
+        local_rank,
+        local_world,
+        rank // max(1, local_world),
+        env.get("MASTER_ADDR"),
+        _int(env, "MASTER_PORT"),
+    )

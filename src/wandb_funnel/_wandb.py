@@ -11,6 +11,13 @@ from typing import Any
 from wandb_funnel._constants import TRANSACTION_LOG_FLUSH_INTERVAL
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
+# The attribute that holds the real function behind one that install() put on the wandb module.
+ORIGINAL_ATTRIBUTE = "__wandb_funnel_original__"
+# What a worker's Run answers for wandb.Run's properties, as the logger's run has them.
+_RUN_INFO = (
+    "id", "name", "project", "entity", "dir", "url", "group", "job_type", "notes", "tags",
+    "offline", "resumed", "start_time", "sweep_id",
+)
 
 
 def generate_run_id() -> str:
@@ -67,7 +74,9 @@ def settings_to_dict(settings: Any) -> dict[str, Any]:
             f"wandb_funnel: settings must be a wandb.Settings or a dict, got "
             f"{type(settings).__name__}"
         )
-    return dict(dump(exclude_unset=True))
+    # Only what the user set: a dump of everything (or exclude_unset, which still keeps the
+    # ~40 computed fields) is refused by the logger's wandb.Settings as extra inputs.
+    return dict(dump(include=set(settings.model_fields_set)))
 
 
 class WandbSink:
@@ -86,7 +95,9 @@ class WandbSink:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
         kwargs.setdefault("reinit", "create_new")
         self._wandb = wandb
-        self.run = wandb.init(settings=wandb.Settings(**settings), **kwargs)
+        # The real wandb.init, even where wandb_funnel.install() has replaced it.
+        init = getattr(wandb.init, ORIGINAL_ATTRIBUTE, wandb.init)
+        self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)
         self.run_id: str = self.run.id
         self.run.define_metric(step_key)
         self.run.define_metric("*", step_metric=step_key)
@@ -99,6 +110,23 @@ class WandbSink:
 
     def update_summary(self, data: dict[str, Any]) -> None:
         self.run.summary.update(data)
+
+    def define_metric(self, data: dict[str, Any]) -> None:
+        self.run.define_metric(**data)
+
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        offline = bool(getattr(self.run, "offline", True))
+        for name in _RUN_INFO:
+            if name == "url" and offline:
+                out[name] = None  # wandb warns "URL not available in offline run" on asking
+                continue
+            try:
+                value = getattr(self.run, name)
+            except Exception:  # a property that needs the server (offline): left out
+                continue
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
 
     def finish(self, exit_code: int) -> None:
         self.run.finish(exit_code=exit_code)

@@ -84,7 +84,7 @@ def main() -> None:
             if rank == 0 and step == 3:
                 report(ready=True)
     # The hosting rank's run is finished by its Funnel's close (a bound method of the Funnel).
-    funnel = getattr(run._on_finish, "__self__", None)
+    funnel = getattr(run._finish_hook, "__self__", None)
     if behaviour == "intruders" and isinstance(funnel, wf.Funnel):
         send_intruders(run, funnel)
     if rank == 0 and behaviour == "allgather":

@@ -23,5 +23,11 @@ class NullSink:
     def update_summary(self, data: dict[str, Any]) -> None:
         pass
 
+    def define_metric(self, data: dict[str, Any]) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {"id": self.run_id}
+
     def finish(self, exit_code: int) -> None:
         pass

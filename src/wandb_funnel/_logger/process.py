@@ -138,6 +138,17 @@ class Logger:
             writer = self._writers[rank] = self._new_writer(sink, run_id)
         return writer
 
+    def run_info(self) -> dict[str, Any]:
+        """What the run told about itself when it opened (empty in run_mode="new")."""
+        writer = self._writers.get(None)
+        if writer is None or writer.sink is None:
+            return {}
+        try:
+            return writer.sink.info()
+        except Exception as exc:
+            log_to_stderr(f"could not read the run's name and directory: {exc!r}")
+            return {}
+
     # -- the loop ------------------------------------------------------------------------------
     def serve(self) -> int:
         """Run until closed; returns the exit code the run was finished with."""
@@ -387,7 +398,12 @@ def main() -> int:
         _write_ready(ready_fd, {"error": f"{type(exc).__name__}: {exc}"})
         return 1
     receiver.start()
-    ready = {"run_id": start.run_id, "pid": os.getpid(), "tcp": sock.tcp_endpoint}
+    ready = {
+        "run_id": start.run_id,
+        "pid": os.getpid(),
+        "tcp": sock.tcp_endpoint,
+        "run": logger.run_info(),
+    }
     _write_ready(ready_fd, ready)
     try:
         return logger.serve()

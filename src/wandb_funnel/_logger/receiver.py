@@ -28,6 +28,7 @@ from wandb_funnel._protocol.messages import (
     ConfigUpdate,
     Goodbye,
     Hello,
+    MetricUpdate,
     Record,
     RecordBatch,
     SummaryUpdate,
@@ -72,7 +73,7 @@ class Records:
 @dataclass(frozen=True, slots=True)
 class Update:
     rank: int
-    kind: str  # "config" or "summary"
+    kind: str  # "config", "summary" or "metric" (define_metric)
     data: dict[str, Any]
 
 
@@ -265,6 +266,8 @@ class Receiver(threading.Thread):
             self.events.put(Update(peer.rank, "config", message.data))
         elif isinstance(message, SummaryUpdate):
             self.events.put(Update(peer.rank, "summary", message.data))
+        elif isinstance(message, MetricUpdate):
+            self.events.put(Update(peer.rank, "metric", message.data))
         else:
             self.junk_frames += 1
 

@@ -62,9 +62,11 @@ class RunWriter:
     def update(self, kind: str, data: dict[str, Any]) -> None:
         if self.sink is None:
             return
-        fn: Callable[[dict[str, Any]], None] = (
-            self.sink.update_config if kind == "config" else self.sink.update_summary
-        )
+        fn: Callable[[dict[str, Any]], None] = {
+            "config": self.sink.update_config,
+            "summary": self.sink.update_summary,
+            "metric": self.sink.define_metric,
+        }[kind]
         self._call(f"{kind} update {list(data)!r}", fn, data)
 
     def finish(

@@ -17,5 +17,11 @@ class Sink(Protocol):
 
     def update_summary(self, data: dict[str, Any]) -> None: ...
 
+    def define_metric(self, data: dict[str, Any]) -> None:
+        """``run.define_metric(**data)``, as a rank asked for it."""
+
+    def info(self) -> dict[str, Any]:
+        """What ``wandb.run`` tells about itself (name, project, dir, url, ...): plain data."""
+
     def finish(self, exit_code: int) -> None:
         """Finish the run; the caller bounds how long this may take."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import threading
 import time
 import warnings
@@ -27,6 +26,7 @@ from wandb_funnel._protocol.sockets import (
 )
 from wandb_funnel._worker import lifecycle, stream
 from wandb_funnel._worker.run import AttachInfo, Run
+from wandb_funnel._worker.run_data import jsonable, parse_config
 from wandb_funnel.errors import FunnelWarning
 
 _TEARDOWN_TIMEOUT = 2.0  # seconds an exiting owner waits for wandb-core to shut down
@@ -39,12 +39,16 @@ def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """wandb.init kwargs as plain JSON data for the logger process (no pickle anywhere)."""
     from wandb_funnel._wandb import settings_to_dict
 
-    out = dict(kwargs)
+    out = {k: v for k, v in kwargs.items() if v is not None}  # wandb: None means "not set"
     if "settings" in out:
         out["settings"] = settings_to_dict(out["settings"])
-    argparse = sys.modules.get("argparse")  # not imported here: a config cannot be one then
-    if argparse is not None and isinstance(out.get("config"), argparse.Namespace):
-        out["config"] = vars(out["config"])
+    if "config" in out:
+        out["config"] = {str(k): jsonable(v) for k, v in parse_config(out["config"]).items()}
+    for key in ("dir", "tags"):  # a PathLike dir, a tuple of tags
+        if isinstance(out.get(key), os.PathLike):
+            out[key] = os.fspath(out[key])
+        elif isinstance(out.get(key), (tuple, set, frozenset)):
+            out[key] = list(out[key])
     for key, value in out.items():
         try:
             json.dumps(value)
@@ -95,7 +99,7 @@ class Funnel:
         self.options = options
         self.topology = topology or Topology()
         wandb_init_kwargs = dict(kwargs)
-        if "id" in wandb_init_kwargs and not isinstance(wandb_init_kwargs["id"], str):
+        if wandb_init_kwargs.get("id") is not None and not isinstance(wandb_init_kwargs["id"], str):
             raise TypeError(f"wandb_funnel: id must be a str, got {wandb_init_kwargs['id']!r}")
         if wandb_init_kwargs.get("id") is None:
             from wandb_funnel._wandb import generate_run_id
@@ -112,6 +116,7 @@ class Funnel:
         self._closed = False
         self._owns_service = False  # this process started wandb-core (see _close_on_exit)
         self._curve: dict[str, str] | None = None
+        self._run_info: dict[str, Any] | None = None
         self._tcp_address: str | None = None
         self._close_lock = threading.RLock()  # close() may re-enter from a signal handler
         self.owner_pid = os.getpid()
@@ -179,10 +184,12 @@ class Funnel:
             remove_ipc_dir(self._ipc_dir)
             raise
         self._tcp_address = ready.get("tcp")
+        self._run_info = ready.get("run") or None
         self._export_env()
         self._run = Run(
             self.attach_info(), requested_rank=self.topology.owner_rank, on_finish=self._finished
         )
+        self._run.config._seed(self._init_kwargs.get("config") or {})  # the run opened with it
         lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
         _current.adopt(self._run)
         return self
@@ -197,6 +204,7 @@ class Funnel:
             self.logger_pid,
             socket.gethostname(),
             client_curve(self._curve) if self._curve else None,
+            self._run_info,
         )
 
     def _export_env(self) -> None:

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from wandb_funnel._constants import ENV_INSTALL
 from wandb_funnel._protocol.codec import decode, encode_close
 from wandb_funnel._protocol.messages import Close, Done, LoggerStart
 from wandb_funnel._protocol.sockets import CLOSER_PREFIX, ClientSocket, client_curve
@@ -66,6 +67,8 @@ class LoggerProcess:
                 pass_fds=(start.ready_fd,),
                 start_new_session=True,
                 close_fds=True,
+                # The logger calls the real wandb: it is never installed into.
+                env={k: v for k, v in os.environ.items() if k != ENV_INSTALL},
             )
         except BaseException:
             os.close(ready_r)

@@ -23,6 +23,7 @@ from wandb_funnel._protocol.messages import (
     DONE,
     GOODBYE,
     HELLO,
+    METRIC,
     PROTOCOL_VERSION,
     RECORDS,
     SUMMARY,
@@ -34,6 +35,7 @@ from wandb_funnel._protocol.messages import (
     Goodbye,
     Hello,
     Message,
+    MetricUpdate,
     RecordBatch,
     SummaryUpdate,
     Welcome,
@@ -47,6 +49,7 @@ MAX_BATCH_RECORDS: Final = 1 << 20
 # Python recursion, and the receiver thread starts deeper in the stack than a caller; 256 is
 # far deeper than any metrics dict and far below both limits (docs/DESIGN.md, "Wire").
 MAX_NESTING: Final = 256
+_UPDATE_NAMES: Final = {CONFIG: "config", SUMMARY: "summary", METRIC: "define_metric"}
 
 
 class DecodeError(ValueError):
@@ -254,8 +257,8 @@ def encode_hello(hello: Hello) -> bytes:
 
 
 def encode_update(kind: int, data: dict[str, Any], max_record_bytes: int) -> bytes:
-    """Pack a config or summary update (kind CONFIG or SUMMARY)."""
-    what = "config" if kind == CONFIG else "summary"
+    """Pack a config, summary or define_metric update (kind CONFIG, SUMMARY or METRIC)."""
+    what = _UPDATE_NAMES[kind]
     packed = _pack_checked((PROTOCOL_VERSION, kind, data), data, what)
     if len(packed) > max_record_bytes:
         raise ValueError(
@@ -378,10 +381,12 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             _want(rank is None or (_is_int(rank) and 0 <= rank <= MAX_STEP), "bad hello rank")
             _want(pid_start is None or _is_int(pid_start), "bad hello start time")
             return Hello(token, pid, host, rank, pid_start)
-        if kind in (CONFIG, SUMMARY):
+        if kind in _UPDATE_NAMES:
             _want(len(body) == 1 and type(body[0]) is dict, "update is not a map")
             _want(all(type(k) is str for k in body[0]), "update has a non-str key")
-            return ConfigUpdate(body[0]) if kind == CONFIG else SummaryUpdate(body[0])
+            if kind == CONFIG:
+                return ConfigUpdate(body[0])
+            return SummaryUpdate(body[0]) if kind == SUMMARY else MetricUpdate(body[0])
         if kind == GOODBYE:
             _want(len(body) == 3 and _is_int(body[0]) and type(body[1]) is str, "bad goodbye")
             _want(body[0] >= 0 and _is_int(body[2]), "bad goodbye count or exit code")

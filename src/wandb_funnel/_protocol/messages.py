@@ -20,6 +20,7 @@ CONFIG: Final = 3
 SUMMARY: Final = 4
 GOODBYE: Final = 5
 CLOSE: Final = 6
+METRIC: Final = 7
 WELCOME: Final = 16
 DONE: Final = 17
 ACK: Final = 18
@@ -56,6 +57,12 @@ class ConfigUpdate(NamedTuple):
 
 class SummaryUpdate(NamedTuple):
     """``run.summary[key] = value`` from some rank."""
+
+    data: dict[str, Any]
+
+
+class MetricUpdate(NamedTuple):
+    """``run.define_metric(**data)`` from some rank (``name``, ``step_metric``, ...)."""
 
     data: dict[str, Any]
 
@@ -99,7 +106,16 @@ class Done(NamedTuple):
 
 
 Message = (
-    Hello | RecordBatch | ConfigUpdate | SummaryUpdate | Goodbye | Close | Welcome | Done | Ack
+    Hello
+    | RecordBatch
+    | ConfigUpdate
+    | SummaryUpdate
+    | MetricUpdate
+    | Goodbye
+    | Close
+    | Welcome
+    | Done
+    | Ack
 )
 
 

@@ -17,13 +17,15 @@ from wandb_funnel._constants import (
     ENV_LOGGER_PID,
     ENV_MAX_RECORD_BYTES,
     ENV_RUN_ID,
+    ENV_RUN_INFO,
     ENV_TOKEN,
     FINAL_FLUSH_TIMEOUT,
     WELCOME_TIMEOUT,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import CONFIG, SUMMARY
+from wandb_funnel._protocol.messages import CONFIG, METRIC, SUMMARY
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
+from wandb_funnel._worker.run_data import Config, Summary
 from wandb_funnel._worker.stream import Stream
 from wandb_funnel.errors import ClientClosedError
 
@@ -38,6 +40,7 @@ class AttachInfo(NamedTuple):
     logger_pid: int | None = None
     logger_host: str | None = None
     curve: dict[str, str] | None = None  # client CURVE keys, when the logger listens on TCP
+    run_info: dict[str, Any] | None = None  # the open run's name, project, dir, url, ...
 
     def to_env(self) -> dict[str, str]:
         """The WANDB_FUNNEL_* variables that let processes started later attach."""
@@ -53,6 +56,8 @@ class AttachInfo(NamedTuple):
             env[ENV_HOST] = self.logger_host
         if self.curve:
             env[ENV_CURVE] = json.dumps(self.curve)
+        if self.run_info:
+            env[ENV_RUN_INFO] = json.dumps(self.run_info)
         return env
 
     @classmethod
@@ -64,6 +69,7 @@ class AttachInfo(NamedTuple):
             return None
         pid = environ.get(ENV_LOGGER_PID, "")
         curve = environ.get(ENV_CURVE)
+        run_info = environ.get(ENV_RUN_INFO)
         return cls(
             address=address,
             token=token,
@@ -72,30 +78,8 @@ class AttachInfo(NamedTuple):
             logger_pid=int(pid) if pid.isdigit() else None,
             logger_host=environ.get(ENV_HOST),
             curve=json.loads(curve) if curve else None,
+            run_info=json.loads(run_info) if run_info else None,
         )
-
-
-class _Config:
-    """``run.config``: ``update(dict)`` forwards to the logger's ``run.config.update``."""
-
-    def __init__(self, run: Run) -> None:
-        self._run = run
-
-    def update(self, data: Any) -> None:
-        self._run._send_update(CONFIG, codec.check_data(data, "config"))
-
-
-class _Summary:
-    """``run.summary``: ``summary[key] = value`` and ``update(dict)`` reach the run's summary."""
-
-    def __init__(self, run: Run) -> None:
-        self._run = run
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._run._send_update(SUMMARY, codec.check_data({key: value}, "summary"))
-
-    def update(self, data: Any) -> None:
-        self._run._send_update(SUMMARY, codec.check_data(data, "summary"))
 
 
 class Run:
@@ -119,12 +103,12 @@ class Run:
         self._info = info
         self._max_record_bytes = info.max_record_bytes  # read by every log()
         self._requested_rank = requested_rank
-        self._on_finish = on_finish
+        self._finish_hook = on_finish
         self._stream: Stream | None = None
         self._step = 0
         self._finished = False
-        self.config = _Config(self)
-        self.summary = _Summary(self)
+        self._config = Config(self._send_config)
+        self._summary = Summary(self._send_summary)
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -145,6 +129,73 @@ class Run:
     @property
     def finished(self) -> bool:
         return self._finished
+
+    @property
+    def config(self) -> Config:
+        """The run's config, as this process has seen it (``wandb.Run.config``'s behaviour)."""
+        return self._config
+
+    @property
+    def summary(self) -> Summary:
+        """The run's summary: what this process sets reaches the run."""
+        return self._summary
+
+    # What the logger's run told about itself when it opened (wandb.Run's properties).
+    def _run_info(self, key: str, default: Any = None) -> Any:
+        info = self._info.run_info or {}
+        return info.get(key, default)
+
+    @property
+    def name(self) -> str | None:
+        return self._run_info("name")  # type: ignore[no-any-return]
+
+    @property
+    def project(self) -> str:
+        return str(self._run_info("project", ""))
+
+    @property
+    def entity(self) -> str:
+        return str(self._run_info("entity", ""))
+
+    @property
+    def dir(self) -> str:
+        """The run's files directory (on the logger's host)."""
+        return str(self._run_info("dir", ""))
+
+    @property
+    def url(self) -> str | None:
+        return self._run_info("url")  # type: ignore[no-any-return]
+
+    def get_url(self) -> str | None:
+        return self.url
+
+    @property
+    def path(self) -> str:
+        return f"{self.entity}/{self.project}/{self.id}"
+
+    @property
+    def group(self) -> str:
+        return str(self._run_info("group") or "")
+
+    @property
+    def job_type(self) -> str:
+        return str(self._run_info("job_type") or "")
+
+    @property
+    def notes(self) -> str | None:
+        return self._run_info("notes")  # type: ignore[no-any-return]
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return tuple(self._run_info("tags") or ())
+
+    @property
+    def offline(self) -> bool:
+        return bool(self._run_info("offline", True))
+
+    @property
+    def disabled(self) -> bool:
+        return False
 
     # -- logging -------------------------------------------------------------------------------
     def log(
@@ -188,6 +239,44 @@ class Run:
         self._step = after
         stream.push(frame)
 
+    def define_metric(
+        self,
+        name: str,
+        step_metric: str | None = None,
+        step_sync: bool | None = None,
+        hidden: bool | None = None,
+        summary: str | None = None,
+        goal: str | None = None,
+        overwrite: bool | None = None,
+    ) -> None:
+        """``wandb.Run.define_metric``, applied to the run by the logger.
+
+        The funnel's own x-axis (``step_key``) stays defined; a user's step metric
+        (``define_metric("train/*", step_metric="train/global_step")``) charts its keys
+        against the user's step, while rows keep the funnel's order.
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"wandb_funnel: define_metric name must be a non-empty str, got {name!r}"
+            )
+        step_metric = getattr(step_metric, "name", step_metric)  # a wandb Metric object
+        args = {
+            "name": name,
+            "step_metric": step_metric,
+            "step_sync": step_sync,
+            "hidden": hidden,
+            "summary": summary,
+            "goal": goal,
+            "overwrite": overwrite,
+        }
+        self._send_update(METRIC, {k: v for k, v in args.items() if v is not None})
+
+    def _send_config(self, data: dict[str, Any]) -> None:
+        self._send_update(CONFIG, data)
+
+    def _send_summary(self, data: dict[str, Any]) -> None:
+        self._send_update(SUMMARY, data)
+
     def _send_update(self, kind: int, data: dict[str, Any]) -> None:
         if self._finished:
             raise ClientClosedError("wandb_funnel: update on a finished run")
@@ -220,8 +309,9 @@ class Run:
         return stream
 
     # -- the end -------------------------------------------------------------------------------
-    def finish(self, exit_code: int | None = None) -> None:
-        """End this rank's stream (the owner's: close the whole funnel). Idempotent."""
+    def finish(self, exit_code: int | None = None, quiet: bool | None = None) -> None:
+        """End this rank's stream (the owner's: close the whole funnel). Idempotent.
+        ``quiet`` is accepted for callers written for older wandb, and ignored."""
         # Held from before the flag is set: a handler landing in between would otherwise get
         # a finish() that does nothing, while this one has not closed anything yet.
         with signals_held():
@@ -231,7 +321,7 @@ class Run:
         if self._finished:
             return
         self._finished = True
-        if self._on_finish is not None and self._on_finish(exit_code):
+        if self._finish_hook is not None and self._finish_hook(exit_code):
             return
         stream = self._stream
         if stream is not None and stream.pid == os.getpid():

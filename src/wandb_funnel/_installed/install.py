@@ -1,0 +1,245 @@
+"""``wandb_funnel.install()``: the real ``wandb`` module's run API goes through the funnel.
+
+After ``install()``, ``wandb.init`` (whoever calls it: the user's script, HF's
+``WandbCallback``, Lightning's ``WandbLogger``, accelerate's tracker) returns a funnel Run,
+and ``wandb.run``, ``wandb.config``, ``wandb.summary``, ``wandb.log``, ``wandb.define_metric``,
+... point at it until it is finished, exactly where wandb itself puts them
+(``wandb.sdk.lib.module.set_global``). Everything else of wandb (``wandb.Settings``,
+``wandb.Api``, the data types, ``wandb.sdk.*``, ``termlog``) is untouched.
+
+It holds in every process started from this one: ``install()`` exports ``WANDB_FUNNEL_INSTALL``
+(the options, as JSON) and puts ``_bootstrap/`` on ``PYTHONPATH``, whose ``sitecustomize``
+installs again, lazily, when such a process imports wandb (``_bootstrap/sitecustomize.py``).
+The logger process is started without the variable: it calls the real wandb.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from wandb_funnel import _api, _current
+from wandb_funnel._constants import ENV_INSTALL
+from wandb_funnel._installed.wandb_run import as_installed
+from wandb_funnel._options import FunnelOptions
+from wandb_funnel._wandb import ORIGINAL_ATTRIBUTE
+from wandb_funnel._worker.run import Run
+
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "_bootstrap")
+
+# The module attributes wandb.init sets to the run's methods (wandb.sdk.lib.module.set_global),
+# and that it puts back to pre-init stubs on finish.
+_RUN_GLOBALS = (
+    "log",
+    "save",
+    "use_artifact",
+    "log_artifact",
+    "define_metric",
+    "alert",
+    "mark_preempting",
+    "log_model",
+    "use_model",
+    "link_model",
+    "watch",
+    "unwatch",
+)
+_STATE_GLOBALS = ("run", "config", "summary")
+_FUNCTIONS = ("init", "finish", "login")
+
+_lock = threading.RLock()
+_installed: _Installed | None = None
+
+
+class _Installed:
+    """What install() changed, to put back."""
+
+    def __init__(self, wandb: Any, options: dict[str, Any]) -> None:
+        self.wandb = wandb
+        self.options = options
+        self.originals: dict[str, Any] = {
+            name: getattr(wandb, name) for name in (*_FUNCTIONS, *_STATE_GLOBALS, *_RUN_GLOBALS)
+        }
+        self.saved_env: dict[str, str | None] = {
+            name: os.environ.get(name) for name in (ENV_INSTALL, "PYTHONPATH")
+        }
+        self.init_signature = inspect.signature(self.originals["init"])
+
+
+def options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The funnel options ``install()`` exported (``WANDB_FUNNEL_INSTALL``, JSON)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(ENV_INSTALL, "")
+    if raw in ("", "1"):
+        return {}
+    try:
+        options = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"wandb_funnel: {ENV_INSTALL} is not JSON: {raw!r:.80}") from exc
+    if not isinstance(options, dict):
+        raise ValueError(f"wandb_funnel: {ENV_INSTALL} must be a JSON object, got {raw!r:.80}")
+    return options
+
+
+def install(**funnel_options: Any) -> None:
+    """Route the ``wandb`` module's run API through the funnel, in this process and in every
+    process started from it. Idempotent; calling it again with options replaces them.
+
+    Args:
+        **funnel_options: the funnel's options (``FunnelOptions``: ``run_mode``, ``reduce``,
+            ...), used when a ``wandb.init`` here starts or hosts the funnel.
+
+    Raises:
+        ValueError, TypeError: a bad option, named (checked now, not at ``wandb.init``).
+    """
+    FunnelOptions(**funnel_options)  # validated at the call site
+    import wandb
+
+    global _installed
+    with _lock:
+        if _installed is None:
+            _installed = _Installed(wandb, dict(funnel_options))
+            _patch(wandb)
+        else:
+            _installed.options = dict(funnel_options)
+        _export(funnel_options)
+
+
+def install_into(wandb: Any) -> None:
+    """Install with the exported options into ``wandb``, just imported in a process started
+    from an installed one (``_bootstrap/sitecustomize.py``)."""
+    global _installed
+    with _lock:
+        if _installed is None:
+            options = options_from_env()
+            FunnelOptions(**options)
+            _installed = _Installed(wandb, options)
+            _patch(wandb)
+
+
+def uninstall() -> None:
+    """Put the ``wandb`` module back as it was (a funnel run still open stays open: finish it
+    with ``wandb_funnel.finish()``), and stop installing into processes started from here."""
+    global _installed
+    with _lock:
+        state, _installed = _installed, None
+        if state is None:
+            return
+        for name, value in state.originals.items():
+            setattr(state.wandb, name, value)
+        for name, saved in state.saved_env.items():
+            if saved is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = saved
+
+
+def is_installed() -> bool:
+    return _installed is not None
+
+
+def _export(options: Mapping[str, Any]) -> None:
+    os.environ[ENV_INSTALL] = json.dumps(dict(options))
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if BOOTSTRAP_DIR not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *parts])
+
+
+def _mark(function: Callable[..., Any], original: Any) -> Callable[..., Any]:
+    setattr(function, ORIGINAL_ATTRIBUTE, original)
+    function.__doc__ = getattr(original, "__doc__", None)
+    return function
+
+
+def _patch(wandb: Any) -> None:
+    assert _installed is not None
+    originals = _installed.originals
+    wandb.init = _mark(_init, originals["init"])
+    wandb.finish = _mark(_finish, originals["finish"])
+    wandb.login = _mark(_login, originals["login"])
+
+
+# -- the functions put on the wandb module ---------------------------------------------------
+def _init(*args: Any, **kwargs: Any) -> Any:
+    """wandb.init, through the funnel (the real one's docstring is below)."""
+    state = _installed
+    if state is None:  # uninstalled while a library held on to this function
+        return _real("init")(*args, **kwargs)
+    bound = state.init_signature.bind_partial(*args, **kwargs)
+    arguments = {k: v for k, v in bound.arguments.items() if v is not None}
+    arguments.update(arguments.pop("kwargs", None) or {})
+    mode = arguments.get("mode") or os.environ.get("WANDB_MODE")
+    if mode == "disabled" or (arguments.get("settings") is not None and _disabled(
+        arguments["settings"]
+    )):
+        return state.originals["init"](*args, **kwargs)  # nothing to funnel: wandb's no-op run
+    if mode == "dryrun":
+        arguments["mode"] = "offline"
+    run = _api.init(**{**state.options, **arguments})
+    view = as_installed(run, state.wandb.Run)
+    _set_globals(state, view)
+    return view
+
+
+def _disabled(settings: Any) -> bool:
+    mode = settings.get("mode") if isinstance(settings, dict) else getattr(settings, "mode", None)
+    return mode == "disabled"
+
+
+def _set_globals(state: _Installed, run: Any) -> None:
+    wandb = state.wandb
+    wandb.run = run
+    wandb.config = run.config
+    wandb.summary = run.summary
+    for name in _RUN_GLOBALS:
+        setattr(wandb, name, getattr(run, name))
+    finish = type(run).finish
+
+    # The installed run's finish (called directly, or through wandb.finish) puts the module
+    # back to its pre-init state, as wandb's own finish does.
+    def finish_and_unset(exit_code: int | None = None, quiet: bool | None = None) -> None:
+        try:
+            finish(run, exit_code)
+        finally:
+            _unset_globals(state, run)
+
+    run.finish = finish_and_unset
+
+
+def _unset_globals(state: _Installed, run: Any) -> None:
+    wandb = state.wandb
+    if wandb.run is not run:
+        return
+    for name in (*_STATE_GLOBALS, *_RUN_GLOBALS):
+        setattr(wandb, name, state.originals[name])
+
+
+def _finish(exit_code: int | None = None, quiet: bool | None = None) -> None:
+    """wandb.finish, through the funnel."""
+    if _installed is not None and isinstance(_current.get(), Run):
+        _api.finish(exit_code)
+        return
+    _real("finish")(exit_code)
+
+
+def _login(*args: Any, **kwargs: Any) -> Any:
+    """wandb.login: when the run will be offline (the funnel's default, unless WANDB_MODE
+    says otherwise) it does what wandb's login does in offline mode: asks for nothing, warns
+    that it cannot verify, returns False. Otherwise it is wandb's own."""
+    mode = os.environ.get("WANDB_MODE")
+    if mode in (None, "", "offline", "dryrun", "disabled"):
+        wandb = _installed.wandb if _installed is not None else None
+        if wandb is not None:
+            wandb.termwarn("Unable to verify login in offline mode.")
+        return False
+    return _real("login")(*args, **kwargs)
+
+
+def _real(name: str) -> Any:
+    import wandb
+
+    function = getattr(wandb, name)
+    return getattr(function, ORIGINAL_ATTRIBUTE, function)

@@ -1,0 +1,171 @@
+"""The Run that an installed ``wandb.init`` returns: a ``wf.Run`` that libraries see as wandb's.
+
+Libraries check ``isinstance(run, wandb.sdk.wandb_run.Run)`` before they call it (Lightning's
+``WandbLogger`` does, to declare its step metric), so the class is built once wandb is loaded,
+as a subclass of both: ``wf.Run`` first, so that everything the funnel implements is ours, and
+wandb's ``Run`` second, for ``isinstance``. Every other method and property of wandb's Run is
+replaced by a stub that warns once and returns None: wandb's own code would find none of the
+state it expects, and a training job must never crash on a logging call.
+
+``log`` never raises on a value the funnel cannot carry yet (media, tables, numpy arrays:
+issue 13): that value is left out, warned about once, and counted in the run's summary
+(``funnel/dropped_values``), and the rest of the row is logged.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from wandb_funnel._protocol import codec
+from wandb_funnel._worker.run import Run
+from wandb_funnel.errors import FunnelWarning
+
+# Telemetry and display helpers that libraries call as a matter of course: no warning.
+_SILENT = frozenset({"display", "to_html", "_repr_html_", "_repr_mimebundle_"})
+# Properties with an honest answer for a funnel's run.
+_PROPERTIES: dict[str, Any] = {
+    "starting_step": 0,
+    "resumed": False,
+    "sweep_id": None,
+    "sweep_url": None,
+    "project_url": None,
+}
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(what: str, message: str) -> None:
+    """Warn about ``what`` the first time only, in this process."""
+    with _warned_lock:
+        if what in _warned:
+            return
+        _warned.add(what)
+    warnings.warn(f"wandb-funnel: {message}", FunnelWarning, stacklevel=4)
+
+
+class InstalledRunMixin(Run):
+    """What an installed run adds to ``wf.Run``: wandb's forgiving ``log``, and counts."""
+
+    _dropped_counts: dict[str, int]
+
+    def log(
+        self,
+        data: dict[str, Any],
+        step: int | None = None,
+        commit: bool | None = None,
+        sync: bool | None = None,
+    ) -> None:
+        try:
+            Run.log(self, data, step=step, commit=commit)
+        except (TypeError, ValueError):
+            kept = self._carried_values(data)
+            if kept is None:
+                raise  # not a value's fault (a bad key, step or commit): the caller's error
+            Run.log(self, kept, step=step, commit=commit)
+
+    def _carried_values(self, data: Any) -> dict[str, Any] | None:
+        """``data`` without the values the funnel cannot carry (counted and warned about);
+        None when every value can be carried (the error was something else)."""
+        if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+            return None
+        kept: dict[str, Any] = {}
+        dropped: list[str] = []
+        for key, value in data.items():
+            try:
+                codec.encode_record(0, True, {key: value}, self._max_record_bytes)
+            except (TypeError, ValueError):
+                dropped.append(key)
+            else:
+                kept[key] = value
+        if not dropped:
+            return None
+        kinds = sorted({type(data[k]).__name__ for k in dropped})
+        warn_once(
+            "log-values",
+            f"log() values of type {', '.join(kinds)} (keys {', '.join(dropped[:5])}) do not "
+            f"go through the funnel yet; they were left out and are counted in the run's "
+            f"summary as funnel/dropped_values (this warning is shown once)",
+        )
+        self._count("funnel/dropped_values", len(dropped))
+        return kept
+
+    def _count(self, key: str, n: int = 1) -> None:
+        counts = self.__dict__.setdefault("_dropped_counts", {})
+        counts[key] = counts.get(key, 0) + n
+        if self.finished:
+            return
+        try:
+            self.summary.update({key: counts[key]})
+        except Exception:  # the count must never be what breaks training
+            pass
+
+    def _unsupported(self, name: str) -> None:
+        warn_once(
+            name,
+            f"run.{name}() does not go through the funnel yet; the call was ignored and is "
+            f"counted in the run's summary as funnel/unsupported_calls (shown once)",
+        )
+        self._count("funnel/unsupported_calls")
+
+
+def _stub_method(name: str) -> Callable[..., None]:
+    if name.startswith("_") or name in _SILENT:
+
+        def quiet(self: InstalledRunMixin, *args: Any, **kwargs: Any) -> None:
+            return None
+
+        quiet.__name__ = name
+        return quiet
+
+    def stub(self: InstalledRunMixin, *args: Any, **kwargs: Any) -> None:
+        self._unsupported(name)
+
+    stub.__name__ = name
+    return stub
+
+
+def _stub_property(name: str) -> property:
+    if name in _PROPERTIES:
+        value = _PROPERTIES[name]
+        return property(lambda self: value)
+
+    def get(self: InstalledRunMixin) -> None:
+        if not name.startswith("_"):
+            self._unsupported(name)
+
+    return property(get)
+
+
+_classes: dict[type, type] = {}
+
+
+def installed_run_class(wandb_run_class: type) -> type:
+    """``InstalledRunMixin`` + wandb's Run, with a stub for everything else of wandb's."""
+    cls = _classes.get(wandb_run_class)
+    if cls is not None:
+        return cls
+    ours = set(dir(InstalledRunMixin))
+    namespace: dict[str, Any] = {"__module__": __name__, "__doc__": InstalledRunMixin.__doc__}
+    for klass in reversed(wandb_run_class.__mro__[:-1]):  # wandb's own, without object
+        for name, attr in vars(klass).items():
+            if name.startswith("__") or name in ours:
+                continue
+            if isinstance(attr, property):
+                namespace[name] = _stub_property(name)
+            elif callable(attr) or isinstance(attr, (staticmethod, classmethod)):
+                namespace[name] = _stub_method(name)
+    cls = _classes[wandb_run_class] = type("Run", (InstalledRunMixin, wandb_run_class), namespace)
+    return cls
+
+
+def as_installed(run: Run, wandb_run_class: type) -> Run:
+    """``run`` itself, now an instance of the installed class (same state, same object: the
+    funnel's references to it stay valid)."""
+    cls = installed_run_class(wandb_run_class)
+    if type(run) is not cls:
+        run.__class__ = cls
+    return run
