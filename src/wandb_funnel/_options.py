@@ -83,6 +83,43 @@ def _reducers(reduce: Any) -> dict[str, str]:
     return out
 
 
+_FLOATS = ("close_timeout", "start_timeout", "reorder_window")
+_INTS = ("max_pending_rows", "max_record_bytes")
+
+
+def parse_option(name: str, text: str) -> Any:
+    """One option from text (a flag or an environment variable). ``reduce`` is a reducer
+    name for every key, or ``KEY=REDUCER`` pairs separated by commas.
+
+    Raises:
+        ValueError: text that is not a number where one is needed, or a malformed pair.
+    """
+    if name in _FLOATS:
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"wandb_funnel: {name} must be a number, got {text!r}") from None
+    if name in _INTS:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"wandb_funnel: {name} must be an int, got {text!r}") from None
+    if name == "reduce":
+        if "=" not in text:
+            return text.strip()
+        pairs: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, reducer = part.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(
+                    f"wandb_funnel: reduce must be REDUCER or KEY=REDUCER[,KEY=REDUCER...], "
+                    f"got {text!r}"
+                )
+            pairs[key.strip()] = reducer.strip()
+        return pairs
+    return text
+
+
 class FunnelOptions:
     """How the funnel merges, orders and closes; everything else goes to ``wandb.init``.
 
@@ -161,6 +198,18 @@ class FunnelOptions:
         ours = {k: v for k, v in kwargs.items() if k in cls.NAMES}
         rest = {k: v for k, v in kwargs.items() if k not in cls.NAMES}
         return cls(**ours), rest
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> dict[str, Any]:
+        """The options set as ``WANDB_FUNNEL_<NAME>`` variables (``WANDB_FUNNEL_RUN_MODE=new``,
+        ``WANDB_FUNNEL_REDUCE=loss=mean,acc=max``), as keywords; validated by the caller."""
+        out: dict[str, Any] = {}
+        for name in cls.__slots__:
+            raw = environ.get(f"WANDB_FUNNEL_{name.upper()}")
+            if raw is None or raw == "":
+                continue
+            out[name] = parse_option(name, raw)
+        return out
 
     def to_wire(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}

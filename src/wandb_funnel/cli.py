@@ -1,4 +1,5 @@
-"""The ``wandb-funnel`` command. ``wandb-funnel soak --help`` runs the soak harness."""
+"""The ``wandb-funnel`` command: ``wandb-funnel run -- COMMAND`` (``_run_command``) and
+``wandb-funnel soak`` (the soak harness, below)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
+
+from wandb_funnel import _run_command as run_command
 
 if TYPE_CHECKING:
     from wandb_funnel.soak.harness import Iteration
@@ -244,8 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="wandb-funnel")
     sub = parser.add_subparsers(dest="command", required=True)
     soak = _soak_parser(sub)
+    run = run_command.add_parser(sub)
     args = parser.parse_args(argv)
     args.target = target
+    if args.command == "run":
+        return run_command.main(run, args, target)
     if args.command != "soak":
         return 2
     # A shell starting us in the background (nohup cmd &) ignores SIGINT, and an ignored

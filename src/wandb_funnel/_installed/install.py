@@ -70,18 +70,20 @@ class _Installed:
 
 
 def options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The funnel options ``install()`` exported (``WANDB_FUNNEL_INSTALL``, JSON)."""
+    """The funnel options for an installed process: ``WANDB_FUNNEL_<NAME>`` variables, under
+    what ``install()`` or ``wandb-funnel run`` exported (``WANDB_FUNNEL_INSTALL``, JSON)."""
     environ = os.environ if environ is None else environ
+    base = FunnelOptions.from_env(environ)
     raw = environ.get(ENV_INSTALL, "")
     if raw in ("", "1"):
-        return {}
+        return base
     try:
         options = json.loads(raw)
     except ValueError as exc:
         raise ValueError(f"wandb_funnel: {ENV_INSTALL} is not JSON: {raw!r:.80}") from exc
     if not isinstance(options, dict):
         raise ValueError(f"wandb_funnel: {ENV_INSTALL} must be a JSON object, got {raw!r:.80}")
-    return options
+    return {**base, **options}
 
 
 def install(**funnel_options: Any) -> None:
@@ -95,17 +97,18 @@ def install(**funnel_options: Any) -> None:
     Raises:
         ValueError, TypeError: a bad option, named (checked now, not at ``wandb.init``).
     """
-    FunnelOptions(**funnel_options)  # validated at the call site
+    options = {**FunnelOptions.from_env(os.environ), **funnel_options}
+    FunnelOptions(**options)  # validated at the call site
     import wandb
 
     global _installed
     with _lock:
         if _installed is None:
-            _installed = _Installed(wandb, dict(funnel_options))
+            _installed = _Installed(wandb, options)
             _patch(wandb)
         else:
-            _installed.options = dict(funnel_options)
-        _export(funnel_options)
+            _installed.options = options
+        export(funnel_options)
 
 
 def install_into(wandb: Any) -> None:
@@ -141,7 +144,8 @@ def is_installed() -> bool:
     return _installed is not None
 
 
-def _export(options: Mapping[str, Any]) -> None:
+def export(options: Mapping[str, Any]) -> None:
+    """Install into every Python process started from now on, with ``options``."""
     os.environ[ENV_INSTALL] = json.dumps(dict(options))
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if BOOTSTRAP_DIR not in parts:

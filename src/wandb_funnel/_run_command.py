@@ -1,0 +1,107 @@
+"""``wandb-funnel run [options] -- COMMAND [ARG ...]``: zero code change.
+
+Exports the install (``WANDB_FUNNEL_INSTALL`` and ``_bootstrap/`` on ``PYTHONPATH``), then
+*replaces itself* with COMMAND (``exec``), as ``opentelemetry-instrument`` and ``ddtrace-run``
+do. Every Python process COMMAND starts, at any depth (torchrun's ranks, accelerate's, their
+DataLoader workers), then has wandb installed into the moment it imports wandb; the first
+``wandb.init`` (the script's, or HF's, Lightning's, accelerate's) starts or joins the funnel.
+
+Because COMMAND *is* this process after exec, there is no wrapper in the middle: Ctrl-C and
+SIGTERM reach it exactly as they would without us (once: never twice, as a forwarding parent
+in the same process group would deliver them), the run is finished by the funnel's owner
+inside COMMAND with COMMAND's exit code, and COMMAND's exit code is the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from typing import Any
+
+from wandb_funnel._constants import RANK_SCOPES, REDUCERS, RUN_MODES
+from wandb_funnel._options import FunnelOptions, parse_option
+
+USAGE = "wandb-funnel run [options] -- COMMAND [ARG ...]"
+DESCRIPTION = """\
+Run COMMAND with every wandb call in it, and in every Python process it starts, going
+through one funnel: one run, every rank, in order, and an exit that never hangs. No code
+change: `python train.py`, `torchrun ... train.py`, `accelerate launch train.py`, a shell
+script. Options may also come from WANDB_FUNNEL_<OPTION> variables (WANDB_FUNNEL_RUN_MODE,
+WANDB_FUNNEL_REDUCE=loss=mean,acc=max, ...); flags win."""
+EPILOG = """\
+examples:
+  wandb-funnel run -- python train.py --epochs 1
+  wandb-funnel run --reduce loss=mean --reduce acc=max -- torchrun --nproc-per-node 2 train.py
+  wandb-funnel run --run-mode new -- accelerate launch train.py"""
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    run: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        usage=USAGE,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="run a command with wandb going through the funnel (no code change)",
+    )
+    run.add_argument("--run-mode", choices=RUN_MODES,
+                     help="auto (default): one run, keys of several ranks reduced; shared: "
+                          "every rank's value as KEY/rankN; new: one run per rank")
+    run.add_argument("--reduce", action="append", metavar="[KEY=]REDUCER",
+                     help=f"a reducer ({', '.join(REDUCERS)}) for every key, or for one key "
+                          f"or glob; repeatable")
+    run.add_argument("--step-key", help="the x-axis key every row carries (global_step)")
+    run.add_argument("--close-timeout", metavar="SECONDS", help="the most closing may take")
+    run.add_argument("--start-timeout", metavar="SECONDS", help="the most opening may take")
+    run.add_argument("--reorder-window", metavar="SECONDS",
+                     help="how long a row waits for a straggling rank")
+    run.add_argument("--max-pending-rows", metavar="N")
+    run.add_argument("--max-record-bytes", metavar="N")
+    run.add_argument("--rank-scope", choices=RANK_SCOPES,
+                     help="several nodes: one run for the job (global) or one per node (worker)")
+    return run
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given, as FunnelOptions keywords (text parsed as the variables are)."""
+    out: dict[str, Any] = {}
+    for name in FunnelOptions.NAMES:
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if name == "reduce":
+            merged: dict[str, str] = {}
+            for item in value:
+                parsed = parse_option("reduce", item)
+                merged.update({"*": parsed} if isinstance(parsed, str) else parsed)
+            out[name] = merged
+        else:
+            out[name] = parse_option(name, value)
+    return out
+
+
+def main(parser: argparse.ArgumentParser, args: argparse.Namespace, target: list[str]) -> int:
+    if not target:
+        parser.error("no command: give it after -- (wandb-funnel run -- python train.py)")
+    try:
+        options = {**FunnelOptions.from_env(os.environ), **options_from_args(args)}
+        FunnelOptions(**options)
+    except (TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    from wandb_funnel._installed.install import export
+
+    program = shutil.which(target[0])
+    if program is None:
+        print(f"wandb-funnel run: {target[0]}: command not found", file=sys.stderr)
+        return 127  # the shell's code for a command that is not there
+    export(options)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execv(program, target)
+    except OSError as exc:
+        print(f"wandb-funnel run: {target[0]}: {exc.strerror}", file=sys.stderr)
+        return 126  # found but not executable, as a shell says
+    return 0  # not reached
