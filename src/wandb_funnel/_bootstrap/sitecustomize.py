@@ -21,13 +21,17 @@ def _install_on_import() -> None:
         def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
             if fullname != "wandb":
                 return None
-            sys.meta_path.remove(self)  # once: the real finders find the real module
+            # Asked directly of the path finder, not through sys.meta_path (no recursion).
+            # This finder stays until wandb is loaded: libraries ask for the spec first
+            # (``importlib.util.find_spec("wandb")``, HF and accelerate do) and import later.
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None or spec.loader is None:
                 return spec
             load = spec.loader.exec_module
 
             def exec_module(module):  # type: ignore[no-untyped-def]
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
                 load(module)
                 try:
                     from wandb_funnel._installed.install import install_into

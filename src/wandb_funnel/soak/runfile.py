@@ -21,6 +21,7 @@ from typing import Any
 class WandbRun:
     path: pathlib.Path
     run_id: str = ""
+    name: str = ""  # the display name
     group: str = ""
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -67,6 +68,7 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             body = rec["run"]
             run.run_id = body.get("run_id", "")
             run.group = body.get("run_group", "")
+            run.name = body.get("display_name", "")
             for key, value in body.get("config", {}).get("update", {}).items():
                 run.config[key] = value
         elif kind == "history":

@@ -1,0 +1,112 @@
+"""Real clients, under their real launchers, with 2 processes on gloo/CPU: each runs once with
+plain wandb and once through the funnel (``install()`` in the script, or ``wandb-funnel run
+--`` around an unchanged command), and the two runs are compared as wandb wrote them.
+
+The funnel's run must hold every history key and row, config key and summary key of the
+plain run, carry the name the user gave, be the only run, and end with exit code 0.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.conftest import PROGRAMS, Scripts, leftover_processes
+from tests.wandb_reader import WandbRun, find_runs
+
+pytestmark = [pytest.mark.processes, pytest.mark.frameworks, pytest.mark.timeout(600)]
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+FUNNEL_RUN = [sys.executable, "-m", "wandb_funnel", "run", "--"]
+# wandb's own bookkeeping, and the funnel's: not what the user logged
+NOT_USERS = {"_step", "_runtime", "_timestamp", "_wandb", "global_step"}
+
+
+def _command(client: str, out: pathlib.Path) -> list[str]:
+    program = str(PROGRAMS / f"client_{client}.py")
+    if client == "lightning":  # Lightning starts its second process itself
+        return [sys.executable, program, str(out)]
+    return [*TORCHRUN, program, *([str(out)] if client == "hf" else [])]
+
+
+CLIENTS: dict[str, str] = {  # client -> the run name the user gave
+    "nanogpt": "nano-run",
+    "hf": "hf-run",
+    "accelerate": "acc-run",
+    "lightning": "pl-run",
+}
+
+
+def _run(scripts: Scripts, argv: list[str], extra_env: dict[str, str]) -> WandbRun:
+    proc = subprocess.run(
+        argv,
+        cwd=scripts.tmp_path,
+        env=scripts.env(extra_env),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    tail = f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, tail
+    runs = find_runs(scripts.wandb_dir)
+    assert len(runs) == 1, f"expected one run, found {[r.path for r in runs]}\n{tail}"
+    return runs[0]
+
+
+def _users(keys: Any) -> set[str]:
+    return {k for k in keys if k not in NOT_USERS and not k.startswith(("funnel/", "_wandb"))}
+
+
+def _rows(run: WandbRun) -> list[set[str]]:
+    return [_users(row) for row in run.history]
+
+
+_plain_runs: dict[str, WandbRun] = {}
+
+
+def _plain(client: str, tmp_path_factory: pytest.TempPathFactory) -> WandbRun:
+    """The plain-wandb run of ``client`` (run once per session)."""
+    if client not in _plain_runs:
+        scripts = Scripts(tmp_path_factory.mktemp(f"plain-{client}"))
+        _plain_runs[client] = _run(scripts, _command(client, scripts.tmp_path), {})
+    return _plain_runs[client]
+
+
+def _compare(plain: WandbRun, funnel: WandbRun, name: str) -> None:
+    assert plain.name == funnel.name == name
+    assert plain.exit_code == funnel.exit_code == 0
+    assert plain.history, "the plain run logged nothing: the client is broken"
+    assert _rows(funnel) == _rows(plain)  # every row, in order, with every key
+    for key in _users(plain.history[-1]):  # the last value of each key
+        assert funnel.history[-1].get(key) is not None, key
+    assert _users(plain.config) <= _users(funnel.config), _users(plain.config) - _users(
+        funnel.config
+    )
+    assert _users(plain.summary) <= _users(funnel.summary), _users(plain.summary) - _users(
+        funnel.summary
+    )
+    assert funnel.summary["funnel/dropped_records"] == 0
+
+
+VARIANTS: dict[str, Callable[[list[str]], tuple[list[str], dict[str, str]]]] = {
+    "install": lambda argv: (argv, {"CLIENT_INSTALL": "1"}),  # the one line in the script
+    "run": lambda argv: ([*FUNNEL_RUN, *argv], {}),  # no line at all
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_client_through_the_funnel_keeps_everything_plain_wandb_had(
+    client: str, variant: str, scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    plain = _plain(client, tmp_path_factory)
+    argv, env = VARIANTS[variant](_command(client, scripts.tmp_path))
+    funnel = _run(scripts, argv, env)
+    assert funnel.summary.get("funnel/records", 0) > 0, "the run did not go through the funnel"
+    _compare(plain, funnel, CLIENTS[client])
+    assert not leftover_processes(scripts.mark), leftover_processes(scripts.mark)

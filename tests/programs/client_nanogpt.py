@@ -1,0 +1,55 @@
+"""A nanoGPT-style client (karpathy/nanoGPT train.py): torchrun, master-only ``wandb.init``
+and ``wandb.log`` with no ``step``, 0-d tensors in the row, and no ``wandb.finish``.
+
+Plain wandb code. ``CLIENT_INSTALL=1`` adds the one line a user adds: ``install()``.
+"""
+
+from __future__ import annotations
+
+import os
+
+if os.environ.get("CLIENT_INSTALL") == "1":
+    import wandb_funnel
+
+    wandb_funnel.install()
+
+import torch
+import torch.distributed as dist
+import wandb
+
+
+def main() -> None:
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    if ddp:
+        dist.init_process_group("gloo")
+    master = not ddp or dist.get_rank() == 0
+    config = {"learning_rate": 6e-4, "n_layer": 2, "batch_size": 4}
+    if master:
+        wandb.init(project="nanogpt", name="nano-run", config=config)
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.ones(8))
+    for it in range(30):
+        loss = (weight * weight).sum()
+        loss.backward()
+        assert weight.grad is not None
+        if ddp:
+            dist.all_reduce(weight.grad)
+        with torch.no_grad():
+            weight -= 0.01 * weight.grad
+            weight.grad.zero_()
+        if master and it % 3 == 0:
+            wandb.log(
+                {
+                    "iter": it,
+                    "train/loss": loss.detach(),
+                    "val/loss": loss.detach() * 1.1,
+                    "lr": config["learning_rate"],
+                    "mfu": torch.tensor(0.25 * it),
+                }
+            )
+    if ddp:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
