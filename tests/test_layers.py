@@ -25,6 +25,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "_api": {"_installed"},
     # The wandb-facing layer sits on top: it uses the API, never the logger's insides.
     "_installed": {"_logger"},
+    "integrations": {"_logger", "_owner", "_protocol"},
     # The startup hook imports only the installer, and only once wandb is imported.
     "_bootstrap": {"_api", "_worker", "_owner", "_logger", "_protocol"},
 }

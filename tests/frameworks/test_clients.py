@@ -50,6 +50,7 @@ def _run(scripts: Scripts, argv: list[str], extra_env: dict[str, str]) -> WandbR
         capture_output=True,
         text=True,
         timeout=400,
+        check=False,
     )
     tail = f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, tail
@@ -110,3 +111,21 @@ def test_client_through_the_funnel_keeps_everything_plain_wandb_had(
     assert funnel.summary.get("funnel/records", 0) > 0, "the run did not go through the funnel"
     _compare(plain, funnel, CLIENTS[client])
     assert not leftover_processes(scripts.mark), leftover_processes(scripts.mark)
+
+
+def test_lightning_funnel_logger_brings_every_rank(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``FunnelLogger`` in place of ``WandbLogger``: the same run, with both ranks' metrics
+    in every row (reduced by the funnel, not by an all_reduce), and the hyperparameters."""
+    plain = _plain("lightning", tmp_path_factory)
+    argv = _command("lightning", scripts.tmp_path)
+    funnel = _run(scripts, argv, {"CLIENT_FUNNEL_LOGGER": "1"})
+    _compare(plain, funnel, "pl-run")
+    assert funnel.summary["funnel/ranks"] == 2
+    # Every row was logged by both ranks: twice the records of the rows.
+    assert funnel.summary["funnel/records"] == 2 * funnel.summary["funnel/rows"]
+    steps = [row["trainer/global_step"] for row in funnel.history]
+    assert steps == [row["trainer/global_step"] for row in plain.history]
+    assert all(type(s) is int for s in steps)  # kept as logged, not averaged into floats
+    assert funnel.config["lr"] == plain.config["lr"] == 0.05

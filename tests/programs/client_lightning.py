@@ -2,6 +2,7 @@
 under Lightning's own launcher (it starts the second process itself, with ``LOCAL_RANK``,
 ``NODE_RANK`` and ``WORLD_SIZE`` but no ``RANK``). ``save_hyperparameters()``, ``self.log``
 of a train and a validation metric.
+``CLIENT_FUNNEL_LOGGER=1`` swaps ``WandbLogger`` for ``wandb_funnel``'s ``FunnelLogger``.
 
 Plain Lightning code. ``CLIENT_INSTALL=1`` adds the one line a user adds: ``install()``.
 """
@@ -16,7 +17,7 @@ if os.environ.get("CLIENT_INSTALL") == "1":
 
     wandb_funnel.install()
 
-import lightning as L
+import lightning as L  # noqa: N812  # Lightning's own convention
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
@@ -51,7 +52,12 @@ def loader(seed: int) -> torch.utils.data.DataLoader[tuple[torch.Tensor, ...]]:
 
 def main() -> None:
     L.seed_everything(0)
-    logger = WandbLogger(name="pl-run", project="lightning", save_dir=sys.argv[1])
+    logger_class = WandbLogger
+    if os.environ.get("CLIENT_FUNNEL_LOGGER") == "1":
+        from wandb_funnel.integrations.lightning import FunnelLogger
+
+        logger_class = FunnelLogger
+    logger = logger_class(name="pl-run", project="lightning", save_dir=sys.argv[1])
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,

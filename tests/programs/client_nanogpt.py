@@ -19,7 +19,7 @@ import wandb
 
 
 def main() -> None:
-    ddp = int(os.environ.get("RANK", -1)) != -1
+    ddp = int(os.environ.get("RANK", "-1")) != -1
     if ddp:
         dist.init_process_group("gloo")
     master = not ddp or dist.get_rank() == 0
@@ -27,16 +27,17 @@ def main() -> None:
     if master:
         wandb.init(project="nanogpt", name="nano-run", config=config)
     torch.manual_seed(0)
-    weight = torch.nn.Parameter(torch.ones(8))
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for it in range(30):
-        loss = (weight * weight).sum()
+        loss = model(torch.ones(8)).pow(2).sum()
+        optimizer.zero_grad()
         loss.backward()
-        assert weight.grad is not None
         if ddp:
-            dist.all_reduce(weight.grad)
-        with torch.no_grad():
-            weight -= 0.01 * weight.grad
-            weight.grad.zero_()
+            for parameter in model.parameters():
+                assert parameter.grad is not None
+                dist.all_reduce(parameter.grad)
+        optimizer.step()
         if master and it % 3 == 0:
             wandb.log(
                 {

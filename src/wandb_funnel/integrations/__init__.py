@@ -1,0 +1,1 @@
+"""Drop-in replacements for the frameworks' own wandb loggers (``integrations.lightning``)."""
