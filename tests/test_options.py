@@ -114,3 +114,27 @@ def test_the_logger_start_message_is_typed_and_checked() -> None:
         LoggerStart.from_json(json.dumps(data).encode())
     with pytest.raises(ValueError, match="malformed logger start"):
         LoggerStart.from_json(b"not json")
+
+
+def test_options_from_environment_variables() -> None:
+    env = {
+        "WANDB_FUNNEL_RUN_MODE": "new",
+        "WANDB_FUNNEL_REDUCE": "loss=max, acc=min",
+        "WANDB_FUNNEL_CLOSE_TIMEOUT": "12.5",
+        "WANDB_FUNNEL_MAX_PENDING_ROWS": "7",
+        "WANDB_FUNNEL_STEP_KEY": "",  # empty: not set
+        "WANDB_FUNNEL_ADDRESS": "ipc:///x",  # a funnel's address, not an option
+    }
+    options = FunnelOptions.from_env(env)
+    assert options == {
+        "run_mode": "new",
+        "reduce": {"loss": "max", "acc": "min"},
+        "close_timeout": 12.5,
+        "max_pending_rows": 7,
+    }
+    FunnelOptions(**options)  # valid
+    assert FunnelOptions.from_env({"WANDB_FUNNEL_REDUCE": "sum"}) == {"reduce": "sum"}
+    with pytest.raises(ValueError, match="close_timeout must be a number, got 'soon'"):
+        FunnelOptions.from_env({"WANDB_FUNNEL_CLOSE_TIMEOUT": "soon"})
+    with pytest.raises(ValueError, match="KEY=REDUCER"):
+        FunnelOptions.from_env({"WANDB_FUNNEL_REDUCE": "loss=max,=min"})

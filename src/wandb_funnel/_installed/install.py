@@ -183,7 +183,7 @@ def _init(*args: Any, **kwargs: Any) -> Any:
     if mode == "dryrun":
         arguments["mode"] = "offline"
     run = _api.init(**{**state.options, **arguments})
-    view = as_installed(run, state.wandb.Run)
+    view = as_installed(run, state.wandb)
     _set_globals(state, view)
     return view
 

@@ -162,10 +162,12 @@ def installed_run_class(wandb_run_class: type) -> type:
     return cls
 
 
-def as_installed(run: Run, wandb_run_class: type) -> Run:
+def as_installed(run: Run, wandb: Any) -> Run:
     """``run`` itself, now an instance of the installed class (same state, same object: the
-    funnel's references to it stay valid)."""
-    cls = installed_run_class(wandb_run_class)
+    funnel's references to it stay valid), whose config raises wandb's own ``ConfigError``
+    (HF catches that one)."""
+    cls = installed_run_class(wandb.Run)
     if type(run) is not cls:
         run.__class__ = cls
+        object.__setattr__(run.config, "_error", wandb.sdk.lib.config_util.ConfigError)
     return run

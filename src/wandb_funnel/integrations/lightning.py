@@ -45,7 +45,7 @@ class FunnelLogger(WandbLogger):
         if self._experiment is None:
             if self._offline:
                 self._wandb_init.setdefault("mode", "offline")
-            run: Any = as_installed(_api.init(**self._wandb_init), wandb.Run)
+            run: Any = as_installed(_api.init(**self._wandb_init), wandb)
             if getattr(rank_zero_only, "rank", 0) == 0:
                 run.define_metric(STEP_KEY)
                 run.define_metric("*", step_metric=STEP_KEY, step_sync=True)

@@ -1,0 +1,129 @@
+"""``install()`` and ``wandb-funnel run`` end to end: plain wandb code, real processes, and the
+runs read back from the ``.wandb`` files, compared with plain wandb's where we claim to match."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.conftest import PROGRAMS, Scripts, leftover_processes, program, reports
+from tests.wandb_reader import WandbRun, find_runs
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+FUNNEL_RUN = [sys.executable, "-m", "wandb_funnel", "run"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+BOOKKEEPING = ("_", "funnel/", "global_step")
+
+
+def _user(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if not k.startswith(BOOKKEEPING)}
+
+
+def _surface(scripts: Scripts, *args: str) -> tuple[dict[str, Any], WandbRun]:
+    result = scripts.run_file(program("installed_api"), ["surface", *args])
+    assert result.returncode == 0, result.stderr
+    assert not result.leftovers, result.leftovers
+    runs = find_runs(scripts.wandb_dir)
+    assert len(runs) == 1, [r.path for r in runs]
+    return reports(result.stdout), runs[0]
+
+
+def test_the_wandb_api_through_the_funnel_matches_plain_wandb(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    seen, funnel = _surface(scripts)
+    plain_seen, plain = _surface(Scripts(tmp_path_factory.mktemp("plain")), "--plain")
+    # What the script saw: wandb.run before and after, the run's properties, config access.
+    assert seen == plain_seen
+    assert seen["name"] == "surface-run" and seen["change_without_allow"] == "ConfigError"
+    assert seen["int_keys"] == {"0": "neg", "1": "pos"}
+    # What the run holds: the same rows (step= and commit= as wandb treats them), config,
+    # name, group, summary and the user's own step metric.
+    assert funnel.summary["funnel/records"] > 0  # it did go through the funnel
+    assert [_user(r) for r in funnel.history] == [_user(r) for r in plain.history]
+    assert _user(funnel.config) == _user(plain.config)
+    assert (funnel.name, funnel.group) == (plain.name, plain.group) == ("surface-run", "g1")
+    assert _user(plain.summary).items() <= _user(funnel.summary).items()
+    assert all(m in funnel.metrics for m in plain.metrics), (plain.metrics, funnel.metrics)
+    assert funnel.exit_code == plain.exit_code == 0
+
+
+def test_install_holds_in_every_kind_of_child_process(scripts: Scripts) -> None:
+    result = scripts.run_file(program("installed_api"), ["children"], timeout=200)
+    assert result.returncode == 0, result.stderr
+    assert not result.leftovers, result.leftovers
+    installed = reports(result.stdout)["installed"]
+    assert installed == {
+        "spawn": [True] * 4,
+        "forkserver": [True] * 4,
+        "fork": [True] * 4,
+        "dataloader-spawn": [True] * 2,
+    }
+    run = find_runs(scripts.wandb_dir)
+    assert len(run) == 1  # every child's wandb.init joined the owner's run
+    values = sorted(v for _, v in run[0].column("child"))
+    assert values == [0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23]
+    assert run[0].summary["funnel/dropped_records"] == 0
+
+
+def _cli(scripts: Scripts, argv: list[str], env: dict[str, str] | None = None) -> Any:
+    return subprocess.run(
+        [*FUNNEL_RUN, *argv],
+        cwd=scripts.tmp_path,
+        env=scripts.env(env),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+
+
+def test_funnel_run_exits_with_the_commands_code_and_exports_the_options(
+    scripts: Scripts,
+) -> None:
+    code = "import os, sys; print(os.environ['WANDB_FUNNEL_INSTALL']); sys.exit(3)"
+    proc = _cli(
+        scripts,
+        ["--reduce", "loss=max", "--reduce", "acc=min", "--", sys.executable, "-c", code],
+        {"WANDB_FUNNEL_RUN_MODE": "shared"},  # a variable; the flags add to it
+    )
+    assert proc.returncode == 3, proc.stderr
+    exported = json.loads(proc.stdout)
+    assert exported == {"run_mode": "shared", "reduce": {"loss": "max", "acc": "min"}}
+    missing = _cli(scripts, ["--", "no-such-command-here"])
+    assert missing.returncode == 127 and "command not found" in missing.stderr
+    bad = _cli(scripts, ["--close-timeout", "soon", "--", "true"])
+    assert bad.returncode == 2 and "close_timeout must be a number" in bad.stderr
+    assert not leftover_processes(scripts.mark)
+
+
+def test_funnel_run_makes_every_rank_one_run_with_the_reducers_it_was_given(
+    scripts: Scripts,
+) -> None:
+    client = str(PROGRAMS / "client_every_rank.py")
+    proc = _cli(scripts, ["--reduce", "loss=max", "--", *TORCHRUN, client])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = find_runs(scripts.wandb_dir)
+    assert len(runs) == 1, [r.path for r in runs]  # plain wandb: one run per rank
+    run = runs[0]
+    assert run.group == "DDP" and run.summary["funnel/ranks"] == 2
+    assert [v for _, v in run.column("loss")] == [1.0 + step for step in range(10)]  # max
+    assert [v for _, v in run.column("rank")] == [0.5] * 10  # the default: mean
+    assert not leftover_processes(scripts.mark)
+
+
+def test_funnel_run_new_mode_gives_a_run_per_rank(scripts: Scripts) -> None:
+    client = str(PROGRAMS / "client_every_rank.py")
+    proc = _cli(scripts, ["--run-mode", "new", "--", *TORCHRUN, client])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = sorted(find_runs(scripts.wandb_dir), key=lambda r: r.run_id)
+    assert len(runs) == 2
+    for rank, run in enumerate(runs):
+        assert run.run_id.endswith(f"-rank-{rank}")
+        assert [v for _, v in run.column("loss")] == [float(rank + s) for s in range(10)]
+    assert not leftover_processes(scripts.mark)
