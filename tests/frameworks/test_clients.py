@@ -27,7 +27,17 @@ FUNNEL_RUN = [sys.executable, "-m", "wandb_funnel", "run", "--"]
 NOT_USERS = {"_step", "_runtime", "_timestamp", "_wandb", "global_step"}
 
 
+# accelerate's own launcher; --multi_gpu is its torchrun path (the script asks for cpu=True
+# and gloo), while --cpu would start one process.
+ACCELERATE_LAUNCH = [
+    sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+]
+
+
 def _command(client: str, out: pathlib.Path) -> list[str]:
+    if client == "accelerate-launch":
+        return [*ACCELERATE_LAUNCH, str(PROGRAMS / "client_accelerate.py")]
     program = str(PROGRAMS / f"client_{client}.py")
     if client == "lightning":  # Lightning starts its second process itself
         return [sys.executable, program, str(out)]
@@ -37,7 +47,8 @@ def _command(client: str, out: pathlib.Path) -> list[str]:
 CLIENTS: dict[str, str] = {  # client -> the run name the user gave
     "nanogpt": "nano-run",
     "hf": "hf-run",
-    "accelerate": "acc-run",
+    "accelerate": "acc-run",  # under torchrun
+    "accelerate-launch": "acc-run",  # under `accelerate launch`
     "lightning": "pl-run",
 }
 

@@ -127,3 +127,25 @@ def test_funnel_run_new_mode_gives_a_run_per_rank(scripts: Scripts) -> None:
         assert run.run_id.endswith(f"-rank-{rank}")
         assert [v for _, v in run.column("loss")] == [float(rank + s) for s in range(10)]
     assert not leftover_processes(scripts.mark)
+
+
+def test_mp_spawn_ranks_with_only_a_process_group_make_one_run(scripts: Scripts) -> None:
+    result = scripts.run_file(program("installed_api"), ["mp-spawn"], timeout=200)
+    assert result.returncode == 0, result.stderr
+    assert not result.leftovers, result.leftovers
+    runs = find_runs(scripts.wandb_dir)
+    assert len(runs) == 1 and runs[0].name == "spawned"
+    # reduce={"loss": "sum"} from install(), applied across the two ranks' rows.
+    assert [v for _, v in runs[0].column("loss")] == [10.0 + 2 * s for s in range(5)]
+    assert runs[0].summary["funnel/ranks"] == 2
+
+
+def test_the_legacy_launcher_is_a_launcher_too(scripts: Scripts) -> None:
+    """``python -m torch.distributed.launch`` (deprecated, passes ``--local-rank``)."""
+    client = str(PROGRAMS / "client_every_rank.py")
+    launch = [sys.executable, "-m", "torch.distributed.launch", "--nproc-per-node", "2"]
+    proc = _cli(scripts, ["--", *launch, client])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = find_runs(scripts.wandb_dir)
+    assert len(runs) == 1 and runs[0].summary["funnel/ranks"] == 2
+    assert not leftover_processes(scripts.mark)

@@ -145,5 +145,35 @@ def children(args: argparse.Namespace) -> None:
     wandb.finish()
 
 
+def spawned_rank(rank: int, world: int) -> None:
+    import torch.distributed as dist
+    import wandb
+
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    wandb.init(project="spawn", name="spawned")  # every rank: one run, through the group
+    for step in range(5):
+        wandb.log({"loss": float(rank * 10 + step)})
+    wandb.finish()
+    dist.destroy_process_group()
+
+
+@scenario()
+def mp_spawn(args: argparse.Namespace) -> None:
+    """torch.multiprocessing.spawn: ranks with no launcher variables, only a process group."""
+    import wandb_funnel
+
+    wandb_funnel.install(reduce={"loss": "sum"})
+    import socket
+
+    import torch.multiprocessing
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    torch.multiprocessing.spawn(spawned_rank, args=(2,), nprocs=2, join=True)
+    report(spawned=True)
+
+
 if __name__ == "__main__":
     scenario.main()
