@@ -107,6 +107,9 @@ def suite(scratch: pathlib.Path, quick: bool) -> dict[str, Any]:
             train[mode].append(child(f"train-{mode}", "training.py", "--mode", mode,
                                      "--steps", "300" if quick else "1500"))
     results["training"] = train
+    results["rank0_only"] = child("rank0-only", "rank0_only.py",
+                                  "--steps", "300" if quick else "2000",
+                                  "--repeats", "1" if quick else "3")
     return results
 
 

@@ -110,6 +110,16 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _rows(["mode", "runs", "records", "wandb.log calls", "first log to finished s",
                     "end of training to all exited s"], rows)
 
+    r0 = results.get("rank0_only")
+    if r0 is not None:
+        lines += [(f"**6. Rank-0-only logging end to end** (torchrun, 2 ranks, {r0['steps']} "
+                   f"logs from rank 0; plain wandb against the same script with "
+                   f"`wandb_funnel.install()`; medians of {r0['plain']['runs']} interleaved "
+                   f"runs)"), ""]
+        lines += _rows(["mode", "whole job s", "last log to exit s"], [
+            [mode, r0[mode]["job_s"], r0[mode]["exit_s"]] for mode in ("plain", "funnel")])
+        lines += [f"Funnel / plain, whole job: {r0['ratio_job']:.2f}.", ""]
+
     mem = results["memory"]
     w = mem["worker"]
     lines += ["**5. Memory and import**", ""]

@@ -165,13 +165,12 @@ def mp_spawn(args: argparse.Namespace) -> None:
     wandb_funnel.install(reduce={"loss": "sum"})
     import socket
 
-    import torch.multiprocessing
-
+    spawn: Any = importlib.import_module("torch.multiprocessing").spawn  # untyped
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    torch.multiprocessing.spawn(spawned_rank, args=(2,), nprocs=2, join=True)
+    spawn(spawned_rank, args=(2,), nprocs=2, join=True)
     report(spawned=True)
 
 
