@@ -20,7 +20,7 @@ import shutil
 import sys
 from typing import Any
 
-from wandb_funnel._constants import RANK_SCOPES, REDUCERS, RUN_MODES
+from wandb_funnel._constants import ENV_RANK_PID, RANK_SCOPES, REDUCERS, RUN_MODES
 from wandb_funnel._options import FunnelOptions, parse_option
 
 USAGE = "wandb-funnel run [options] -- COMMAND [ARG ...]"
@@ -97,6 +97,10 @@ def main(parser: argparse.ArgumentParser, args: argparse.Namespace, target: list
         print(f"wandb-funnel run: {target[0]}: command not found", file=sys.stderr)
         return 127  # the shell's code for a command that is not there
     export(options)
+    # Importing wandb_funnel here marked this process as a launcher's rank (SLURM's
+    # variables, say); after exec that pid is COMMAND's (torchrun's agent), whose workers
+    # would then all look like inherited children instead of ranks.
+    os.environ.pop(ENV_RANK_PID, None)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

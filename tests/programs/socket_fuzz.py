@@ -32,6 +32,7 @@ from wandb_funnel._constants import BATCH_BYTES, ENV_TOKEN
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import (
     CONFIG,
+    METRIC,
     SUMMARY,
     Ack,
     Close,
@@ -40,6 +41,7 @@ from wandb_funnel._protocol.messages import (
     Goodbye,
     Hello,
     Message,
+    MetricUpdate,
     RecordBatch,
     SummaryUpdate,
     Welcome,
@@ -122,6 +124,7 @@ class Fuzz:
             codec.encode_goodbye(Goodbye(4, "finished", 0)),
             codec.encode_update(CONFIG, {"lr": 0.1, "nested": {"x": [1]}}, maxr),
             codec.encode_update(SUMMARY, {"best": 0.9}, maxr),
+            codec.encode_update(METRIC, {"name": "loss", "step_metric": "epoch"}, maxr),
             codec.encode_close(Close(fake, 0, 10.0)),
             codec.encode_welcome(Welcome(2)),
             codec.encode_ack(Ack(5)),
@@ -431,7 +434,7 @@ class Model:
             self.gaps += max(0, m.produced - self.next_seq)
             if not self.ended:
                 self.ended, self.exit_code = True, m.exit_code
-        elif isinstance(m, (ConfigUpdate, SummaryUpdate)):
+        elif isinstance(m, (ConfigUpdate, SummaryUpdate, MetricUpdate)):
             self.updates += 1
         else:  # Welcome, Ack, Done: the logger's own messages
             self.junk += 1

@@ -57,14 +57,12 @@ _installed: _Installed | None = None
 class _Installed:
     """What install() changed, to put back."""
 
-    def __init__(self, wandb: Any, options: dict[str, Any]) -> None:
+    def __init__(self, wandb: Any, options: dict[str, Any], base: dict[str, Any]) -> None:
         self.wandb = wandb
         self.options = options
+        self.base = base  # what the environment said before install()
         self.originals: dict[str, Any] = {
             name: getattr(wandb, name) for name in (*_FUNCTIONS, *_STATE_GLOBALS, *_RUN_GLOBALS)
-        }
-        self.saved_env: dict[str, str | None] = {
-            name: os.environ.get(name) for name in (ENV_INSTALL, "PYTHONPATH")
         }
         self.init_signature = inspect.signature(self.originals["init"])
 
@@ -97,18 +95,21 @@ def install(**funnel_options: Any) -> None:
     Raises:
         ValueError, TypeError: a bad option, named (checked now, not at ``wandb.init``).
     """
-    options = {**FunnelOptions.from_env(os.environ), **funnel_options}
+    global _installed
+    # Over what `wandb-funnel run` (or an installed parent) exported, and WANDB_FUNNEL_*,
+    # as they were before the first install() here: a second call replaces its options.
+    base = _installed.base if _installed is not None else options_from_env()
+    options = {**base, **funnel_options}
     FunnelOptions(**options)  # validated at the call site
     import wandb
 
-    global _installed
     with _lock:
         if _installed is None:
-            _installed = _Installed(wandb, options)
+            _installed = _Installed(wandb, options, base)
             _patch(wandb)
         else:
             _installed.options = options
-        export(funnel_options)
+        export(options)
 
 
 def install_into(wandb: Any) -> None:
@@ -119,7 +120,7 @@ def install_into(wandb: Any) -> None:
         if _installed is None:
             options = options_from_env()
             FunnelOptions(**options)
-            _installed = _Installed(wandb, options)
+            _installed = _Installed(wandb, options, options)
             _patch(wandb)
 
 
@@ -133,11 +134,14 @@ def uninstall() -> None:
             return
         for name, value in state.originals.items():
             setattr(state.wandb, name, value)
-        for name, saved in state.saved_env.items():
-            if saved is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = saved
+        # Not what was there before install(): `wandb-funnel run` may have exported it.
+        os.environ.pop(ENV_INSTALL, None)
+        parts = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        kept = [p for p in parts if p and p != BOOTSTRAP_DIR]
+        if kept:
+            os.environ["PYTHONPATH"] = os.pathsep.join(kept)
+        else:
+            os.environ.pop("PYTHONPATH", None)
 
 
 def is_installed() -> bool:
@@ -230,16 +234,19 @@ def _finish(exit_code: int | None = None, quiet: bool | None = None) -> None:
 
 
 def _login(*args: Any, **kwargs: Any) -> Any:
-    """wandb.login: when the run will be offline (the funnel's default, unless WANDB_MODE
-    says otherwise) it does what wandb's login does in offline mode: asks for nothing, warns
-    that it cannot verify, returns False. Otherwise it is wandb's own."""
+    """wandb.login: with no key to store and the run offline (the funnel's default, unless
+    WANDB_MODE says otherwise) it does what wandb's login does in offline mode: asks for
+    nothing, warns that it cannot verify, returns False. Given a key (or WANDB_API_KEY), or
+    online, it is wandb's own (wandb stores the key, or prompts, as it always does)."""
     mode = os.environ.get("WANDB_MODE")
-    if mode in (None, "", "offline", "dryrun", "disabled"):
+    key = kwargs.get("key") or (args[1] if len(args) > 1 else None)
+    offline = mode in (None, "", "offline", "dryrun", "disabled")
+    if offline and not key and not os.environ.get("WANDB_API_KEY"):
         wandb = _installed.wandb if _installed is not None else None
         if wandb is not None:
             wandb.termwarn("Unable to verify login in offline mode.")
         return False
-    return _real("login")(*args, **kwargs)
+    return _real("login")(*args, **kwargs)  # a key to store, or online: wandb's own
 
 
 def _real(name: str) -> Any:

@@ -51,6 +51,8 @@ class InstalledRunMixin(Run):
     """What an installed run adds to ``wf.Run``: wandb's forgiving ``log``, and counts."""
 
     _dropped_counts: dict[str, int]
+    # wandb's Run checks a frozen flag on every attribute set: log() sets self._step.
+    __setattr__ = object.__setattr__
 
     def log(
         self,

@@ -48,12 +48,14 @@ def jsonable(value: Any) -> Any:
 
 
 def parse_config(data: Any, what: str = "config") -> dict[str, Any]:
-    """A dict from what ``wandb.config.update`` accepts: a mapping, an ``argparse.Namespace``
-    or any object with attributes (``vars``)."""
+    """A dict from what ``wandb.config.update`` accepts: a mapping, a config (``keys()``), an
+    ``argparse.Namespace`` or any object with attributes (``vars``)."""
     if data is None:
         return {}
     if isinstance(data, Mapping):
         return dict(data)
+    if callable(getattr(data, "keys", None)) and hasattr(data, "__getitem__"):
+        return {k: data[k] for k in data.keys()}  # noqa: SIM118  # keys() skips "_" keys
     if hasattr(data, "__dict__"):
         return {k: v for k, v in vars(data).items() if not k.startswith("_")}
     raise TypeError(
