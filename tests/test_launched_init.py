@@ -21,6 +21,7 @@ class Store:
 
     def __init__(self) -> None:
         self.values: dict[str, dict[str, Any]] = {}
+        self.claims: dict[str, int] = {}
 
     def rendezvous(self, env: DistEnv, generation: int, timeout: float) -> Any:
         store = self
@@ -28,6 +29,10 @@ class Store:
         class Rendezvous:
             def publish(self, key: str, value: dict[str, Any]) -> None:
                 store.values[key] = value
+
+            def claim(self, key: str) -> bool:
+                store.claims[key] = store.claims.get(key, 0) + 1
+                return store.claims[key] == 1
 
             def wait(self, key: str, what: str) -> dict[str, Any]:
                 if key not in store.values:
@@ -129,3 +134,18 @@ def test_route_ip_prefers_the_override_then_loopback_literals(
     monkeypatch.delenv(ENV_BIND_ADDR)
     assert _launched_init.route_ip("127.0.0.1") == "127.0.0.1"
     assert _launched_init.route_ip("localhost") == "127.0.0.1"
+
+
+def test_an_installed_wandb_init_is_hosted_by_the_first_rank_that_calls(store: Store) -> None:
+    """Megatron-LM logs from the last rank only: rank 3 calls first, so it hosts (wf.init's
+    rank 0 would wait for a host that never comes); a later caller attaches to it."""
+    run = _launched_init.init_launched(_env(3), FunnelOptions(), {"project": "p"}, True)
+    (funnel,) = FakeFunnel.made
+    assert funnel.topology.owner_rank == 3 and funnel.topology.expected_ranks == (0, 1, 2, 3)
+    assert run.id == store.values["base"]["id"] == funnel.kwargs["id"]
+    assert store.claims == {"base": 1, "logger/global": 1}
+    # A rank that calls later does not host: it waits for the host's records in the store.
+    store.values.clear()
+    with pytest.raises(LoggerStartError, match="no run id"):
+        _launched_init.init_launched(_env(0), FunnelOptions(), {}, True)
+    assert len(FakeFunnel.made) == 1

@@ -59,6 +59,14 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
         TypeError, ValueError: bad arguments, named.
         LoggerStartError: a private funnel could not open its run.
     """
+    return open_run(rank, wandb_init_kwargs)
+
+
+def open_run(
+    rank: int | None, wandb_init_kwargs: dict[str, Any], first_caller_hosts: bool = False
+) -> Run:
+    """``init``'s body. ``first_caller_hosts``: in a launched job, the first rank to call
+    hosts the funnel, not rank 0 (an installed ``wandb.init``: see ``init_launched``)."""
     if rank is not None and (type(rank) is not int or rank < 0):
         raise ValueError(f"wandb_funnel: rank must be a non-negative int, got {rank!r}")
     for name in ("options", "topology"):  # Funnel's own parameters, not init()'s
@@ -81,7 +89,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
             return run
         if config:
             kwargs["config"] = config
-        run = _new_run(rank, kwargs)
+        run = _new_run(rank, kwargs, first_caller_hosts)
         # A run this process opened has the config already (its mirror too: nothing is sent
         # again); a rank that attached sends it.
         run.config.update(config, allow_val_change=True)
@@ -89,13 +97,13 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
         return run
 
 
-def _new_run(rank: int | None, kwargs: dict[str, Any]) -> Run:
+def _new_run(rank: int | None, kwargs: dict[str, Any], first_caller_hosts: bool) -> Run:
     info = attach_info_from_env()
     if info is None and rank is None:
         env = detect_dist_env() or from_process_group()
         if env is not None and env.world_size > 1:
             options, wandb_kwargs = FunnelOptions.split(kwargs)
-            return init_launched(env, options, wandb_kwargs)
+            return init_launched(env, options, wandb_kwargs, first_caller_hosts)
     if info is None:
         if multiprocessing.parent_process() is not None:
             warnings.warn(

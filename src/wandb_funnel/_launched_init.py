@@ -72,11 +72,20 @@ def route_ip(master_addr: str | None) -> str:
 
 
 def init_launched(
-    env: DistEnv, options: FunnelOptions, wandb_init_kwargs: dict[str, Any]
+    env: DistEnv,
+    options: FunnelOptions,
+    wandb_init_kwargs: dict[str, Any],
+    first_caller_hosts: bool = False,
 ) -> Run:
     """Attach this rank, hosting the logger if it is the hosting rank. Never waits unbounded:
     a rank whose host failed gets a LoggerStartError within ``start_timeout`` seconds, and a
-    rank whose logger is gone or silent a LoggerUnavailableError."""
+    rank whose logger is gone or silent a LoggerUnavailableError.
+
+    The hosting rank is global rank 0 (local rank 0 in worker scope): ``wf.init`` is called
+    by every rank. With ``first_caller_hosts`` (an installed ``wandb.init``, which libraries
+    call on whichever ranks they choose: rank 0, or the last rank as Megatron-LM and
+    pipeline-parallel torchtitan do) it is the first rank to call, found by a claim in the
+    job's store; a rank-0-only job is then hosted by rank 0 as before."""
     # Here, not at the top: torch (the job's store) loads only in a launched job.
     from wandb_funnel._rendezvous import Rendezvous
     from wandb_funnel._wandb import generate_run_id
@@ -87,7 +96,7 @@ def init_launched(
     # for it with room to spare, so a slow but healthy host is not mistaken for a failed one.
     rendezvous = Rendezvous(env, next(_generations), 2 * timeout + 30)
     base = wandb_init_kwargs.pop("id", None)
-    if env.rank == 0:
+    if rendezvous.claim("base") if first_caller_hosts else env.rank == 0:
         base = base or generate_run_id()
         rendezvous.publish("base", {"id": base})
     elif base is None:
@@ -105,8 +114,11 @@ def init_launched(
             group_template=prefix,
             rank_offset=env.first_rank_on_node,
         )
-    hosting = env.local_rank == 0 if worker_scope else env.rank == 0
     key = f"logger/node{node}" if worker_scope else "logger/global"
+    if first_caller_hosts:
+        hosting = rendezvous.claim(key)
+    else:
+        hosting = env.local_rank == 0 if worker_scope else env.rank == 0
     os.environ[ENV_RANK_PID] = str(os.getpid())  # children of this rank are not ranks of the job
 
     if hosting:

@@ -27,6 +27,10 @@ class Rendezvous:
     def publish(self, key: str, value: dict[str, Any]) -> None:
         self._store.set(self._prefix + key, json.dumps(value).encode())
 
+    def claim(self, key: str) -> bool:
+        """True for the first caller of the job (any rank, any node) to claim ``key``."""
+        return int(self._store.add(self._prefix + key + "/claims", 1)) == 1
+
     def wait(self, key: str, what: str) -> dict[str, Any]:
         """The value under ``key``; a clear error if it does not come within the timeout."""
         full = self._prefix + key

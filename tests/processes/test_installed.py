@@ -149,3 +149,15 @@ def test_the_legacy_launcher_is_a_launcher_too(scripts: Scripts) -> None:
     runs = find_runs(scripts.wandb_dir)
     assert len(runs) == 1 and runs[0].summary["funnel/ranks"] == 2
     assert not leftover_processes(scripts.mark)
+
+
+def test_a_job_that_logs_from_its_last_rank_only_is_hosted_there(scripts: Scripts) -> None:
+    """Megatron-LM and pipeline-parallel torchtitan call wandb.init on the last rank only:
+    that rank hosts the funnel (rank 0, which never calls, is not waited for)."""
+    client = str(PROGRAMS / "client_nanogpt.py")
+    proc = _cli(scripts, ["--", *TORCHRUN, client], {"CLIENT_LOGGING_RANK": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    runs = find_runs(scripts.wandb_dir)
+    assert len(runs) == 1 and runs[0].name == "nano-run" and runs[0].exit_code == 0
+    assert [v for _, v in runs[0].column("iter")] == list(range(0, 30, 3))
+    assert not leftover_processes(scripts.mark)

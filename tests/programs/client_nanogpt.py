@@ -2,6 +2,7 @@
 and ``wandb.log`` with no ``step``, 0-d tensors in the row, and no ``wandb.finish``.
 
 Plain wandb code. ``CLIENT_INSTALL=1`` adds the one line a user adds: ``install()``.
+``CLIENT_LOGGING_RANK=N`` logs from rank N instead (Megatron-LM logs from the last rank).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def main() -> None:
     ddp = int(os.environ.get("RANK", "-1")) != -1
     if ddp:
         dist.init_process_group("gloo")
-    master = not ddp or dist.get_rank() == 0
+    logging_rank = int(os.environ.get("CLIENT_LOGGING_RANK", "0"))
+    master = not ddp or dist.get_rank() == logging_rank
     config = {"learning_rate": 6e-4, "n_layer": 2, "batch_size": 4}
     if master:
         wandb.init(project="nanogpt", name="nano-run", config=config)

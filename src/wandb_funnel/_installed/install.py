@@ -186,7 +186,21 @@ def _init(*args: Any, **kwargs: Any) -> Any:
         return state.originals["init"](*args, **kwargs)  # nothing to funnel: wandb's no-op run
     if mode == "dryrun":
         arguments["mode"] = "offline"
-    run = _api.init(**{**state.options, **arguments})
+    if isinstance(arguments.get("config"), str):  # a YAML file, as wandb reads it
+        from wandb.sdk.lib import config_util
+
+        arguments["config"] = config_util.dict_from_config_file(arguments["config"])
+    return open_installed_run(arguments)
+
+
+def open_installed_run(arguments: dict[str, Any]) -> Any:
+    """Open (or join) the funnel's run with wandb.init ``arguments`` (funnel options among
+    them win over install()'s), and make it the wandb module's run. In a launched job the
+    first rank to call hosts the funnel: libraries pick which ranks call wandb.init."""
+    state = _installed
+    if state is None:
+        raise RuntimeError("wandb_funnel: not installed")
+    run = _api.open_run(None, {**state.options, **arguments}, first_caller_hosts=True)
     view = as_installed(run, state.wandb)
     _set_globals(state, view)
     return view

@@ -17,13 +17,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import wandb
 from lightning.fabric.utilities.logger import _add_prefix
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from wandb_funnel import _api
-from wandb_funnel._installed.wandb_run import as_installed
+from wandb_funnel._installed.install import install, open_installed_run
 
 __all__ = ["FunnelLogger"]
 
@@ -35,7 +33,13 @@ _SAME_ON_EVERY_RANK = {STEP_KEY: "first", "epoch": "first"}
 class FunnelLogger(WandbLogger):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Installed, so that `wandb.log` and `wandb.config` in the user's model code reach
+        # this run too, as they reach WandbLogger's (and options exported by `wandb-funnel
+        # run` apply).
+        install()
         reduce = self._wandb_init.get("reduce")
+        if isinstance(reduce, str):
+            reduce = {"*": reduce}  # exact keys below still win over the glob
         if reduce is None or isinstance(reduce, Mapping):
             self._wandb_init["reduce"] = {**_SAME_ON_EVERY_RANK, **(reduce or {})}
 
@@ -45,7 +49,7 @@ class FunnelLogger(WandbLogger):
         if self._experiment is None:
             if self._offline:
                 self._wandb_init.setdefault("mode", "offline")
-            run: Any = as_installed(_api.init(**self._wandb_init), wandb)
+            run: Any = open_installed_run(dict(self._wandb_init))
             if getattr(rank_zero_only, "rank", 0) == 0:
                 run.define_metric(STEP_KEY)
                 run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
