@@ -44,7 +44,7 @@ def test_a_bad_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_an_attaching_rank_warns_about_the_owners_arguments() -> None:
     with pytest.warns(FunnelWarning, match="ignored: name, project"):
-        _api._warn_ignored({"project": "p", "name": "n", "reduce": "sum"})  # reduce: ours
+        _api._warn_ignored({"project": "p", "name": "n", "reduce": "sum"}, _api._ATTACHED)
 
 
 def test_init_config_is_taken_as_wandb_takes_it() -> None:

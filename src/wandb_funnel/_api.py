@@ -84,7 +84,7 @@ def open_run(
             _current.forget(run)
             run = None
         if run is not None:
-            _warn_ignored(kwargs)
+            _warn_ignored(kwargs, _RETURNED)
             run.config.update(config, allow_val_change=True)
             return run
         if config:
@@ -125,7 +125,7 @@ def _new_run(rank: int | None, kwargs: dict[str, Any], first_caller_hosts: bool)
             FunnelWarning,
             stacklevel=3,
         )
-    _warn_ignored({k: v for k, v in kwargs.items() if k != "config"})
+    _warn_ignored({k: v for k, v in kwargs.items() if k != "config"}, _ATTACHED)
     return run
 
 
@@ -147,12 +147,15 @@ def _init_config(kwargs: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _warn_ignored(kwargs: dict[str, Any]) -> None:
+_ATTACHED = "attached to an existing funnel; these arguments belong to its owner"
+_RETURNED = 'returned this unfinished run (reinit="finish_previous" starts a new one)'
+
+
+def _warn_ignored(kwargs: dict[str, Any], why: str) -> None:
     ignored = sorted(k for k in kwargs if k not in FunnelOptions.NAMES)
     if ignored:
         warnings.warn(
-            f"wandb-funnel: init() attached to an existing funnel; these arguments belong to "
-            f"its owner and were ignored: {', '.join(ignored)}",
+            f"wandb-funnel: init() {why}, and ignored: {', '.join(ignored)}",
             FunnelWarning,
             stacklevel=4,
         )
