@@ -121,9 +121,20 @@ class _Job:
         return [p for p in self.processes() if _role(p, self.owner_pid) == role]
 
     def signal_all(self, signum: int) -> list[str]:
-        """Signal every process of the job; says which (role:pid) it reached."""
+        """Signal every process of the job; says which (role:pid) it reached.
+
+        The owner is signalled whether or not the scan found it: it is our own child (its
+        pid cannot be reused before we reap it), and a scan can miss a live process (its
+        environment unreadable for a moment): the soak of 2026-11-23 saw scancel reach
+        wandb-core, the logger and a worker but not the owner, once in 753 iterations."""
         reached = []
-        for proc in self.processes():
+        found = self.processes()
+        if all(p.pid != self.owner_pid for p in found):
+            try:
+                found.insert(0, psutil.Process(self.owner_pid))
+            except psutil.Error:
+                pass  # exited already
+        for proc in found:
             try:
                 proc.send_signal(signum)
                 reached.append(f"{_role(proc, self.owner_pid)}:{proc.pid}")
