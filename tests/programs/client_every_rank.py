@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import torch.distributed as dist
 import wandb
 
@@ -16,6 +17,10 @@ def main() -> None:
     rank = dist.get_rank()
     wandb.init(project="ddp", group="DDP", config={"world_size": dist.get_world_size()})
     for step in range(10):
+        # A training step's collective (DDP's gradient all_reduce): ranks in lockstep, as in
+        # real training, so a rank that is slower to start is not a straggler past the
+        # funnel's reorder window on a loaded machine (its records would land as late rows).
+        dist.all_reduce(torch.ones(1))
         wandb.log({"loss": float(rank + step), "rank": rank})
     wandb.finish()
     dist.destroy_process_group()

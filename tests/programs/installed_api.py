@@ -146,12 +146,14 @@ def children(args: argparse.Namespace) -> None:
 
 
 def spawned_rank(rank: int, world: int) -> None:
+    import torch
     import torch.distributed as dist
     import wandb
 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     wandb.init(project="spawn", name="spawned")  # every rank: one run, through the group
     for step in range(5):
+        dist.all_reduce(torch.ones(1))  # a training step's collective: ranks in lockstep
         wandb.log({"loss": float(rank * 10 + step)})
     wandb.finish()
     dist.destroy_process_group()
