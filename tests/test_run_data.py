@@ -60,6 +60,24 @@ def test_values_are_stored_as_wandb_stores_them() -> None:
         config.update(3)
 
 
+def test_a_value_the_wire_cannot_carry_is_refused_at_the_call_with_value_error() -> None:
+    """A config that contains itself, or nests deeper than the wire's limit, is refused at
+    ``config.update`` (it reached the logger once, and wandb refused it there, far from the
+    call), and the message does not recurse into the value."""
+    config, sent = _config()
+    looped: dict[str, Any] = {}
+    looped["me"] = looped
+    deep: dict[str, Any] = {}
+    cur = deep
+    for _ in range(980):
+        cur["d"] = {}
+        cur = cur["d"]
+    for bad in (looped, deep):
+        with pytest.raises(ValueError, match="config value"):
+            config.update({"bad": bad})
+    assert sent == [] and "bad" not in config
+
+
 def test_an_error_class_of_the_callers_choice() -> None:
     class WandbConfigError(Exception):
         pass

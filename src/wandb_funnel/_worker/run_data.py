@@ -11,6 +11,7 @@ import here: a worker that never imports wandb still has ``run.config``.
 from __future__ import annotations
 
 import json
+import reprlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -36,15 +37,27 @@ def _jsonable_default(value: Any) -> Any:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` as wandb's config stores it: through JSON (int keys become str)."""
+    """``value`` as wandb's config stores it: through JSON (int keys become str), and no deeper
+    than what the wire carries (a deeper value would be refused by wandb in the logger, far
+    from the call, so it is refused here)."""
     if type(value) in (int, float, str, bool) or value is None:
         return value
     try:
-        return json.loads(json.dumps(value, default=_jsonable_default, allow_nan=True))
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise TypeError(
-            f"wandb_funnel: config value {value!r:.80} cannot be stored: {exc}"
+        stored = json.loads(json.dumps(value, default=_jsonable_default, allow_nan=True))
+        codec.check_data({"value": stored}, "config value")
+    except RecursionError:
+        raise ValueError(
+            "wandb_funnel: config value is nested too deeply (or contains itself)"
+        ) from None
+    except ValueError as exc:  # json: a circular reference; codec: nested too deeply
+        raise ValueError(
+            f"wandb_funnel: config value {reprlib.repr(value)} cannot be stored: {exc}"
         ) from exc
+    except TypeError as exc:
+        raise TypeError(
+            f"wandb_funnel: config value {reprlib.repr(value)} cannot be stored: {exc}"
+        ) from exc
+    return stored
 
 
 def parse_config(data: Any, what: str = "config") -> dict[str, Any]:
