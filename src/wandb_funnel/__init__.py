@@ -10,6 +10,7 @@ from wandb_funnel._api import finish, init, log
 from wandb_funnel._options import FunnelOptions
 from wandb_funnel._owner.funnel import Funnel
 from wandb_funnel._version import __version__
+from wandb_funnel._worker.media import Histogram, Image, Table
 from wandb_funnel._worker.run import Run
 from wandb_funnel.errors import (
     ClientClosedError,
@@ -50,9 +51,12 @@ __all__ = [
     "FunnelError",
     "FunnelOptions",
     "FunnelWarning",
+    "Histogram",
+    "Image",
     "LoggerStartError",
     "LoggerUnavailableError",
     "Run",
+    "Table",
     "__version__",
     "finish",
     "init",

@@ -11,6 +11,7 @@ ENV_RUN_ID: Final = "WANDB_FUNNEL_RUN_ID"  # the wandb run id, known before the 
 ENV_LOGGER_PID: Final = "WANDB_FUNNEL_LOGGER_PID"  # lets a client skip lingering on a dead logger
 ENV_HOST: Final = "WANDB_FUNNEL_HOST"  # hostname of the logger (pids are only meaningful there)
 ENV_MAX_RECORD_BYTES: Final = "WANDB_FUNNEL_MAX_RECORD_BYTES"
+ENV_MAX_MEDIA_BYTES: Final = "WANDB_FUNNEL_MAX_MEDIA_BYTES"
 ENV_BIND_ADDR: Final = "WANDB_FUNNEL_BIND_ADDR"  # the address a multi-node logger listens on
 ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when the funnel uses TCP
 # Set by a process that took its rank from RANK; a child that inherits RANK but has another
@@ -30,6 +31,7 @@ EXPORTED_ENV: Final = (
     ENV_LOGGER_PID,
     ENV_HOST,
     ENV_MAX_RECORD_BYTES,
+    ENV_MAX_MEDIA_BYTES,
     ENV_CURVE,
     ENV_RUN_INFO,
 )
@@ -39,6 +41,13 @@ DEFAULT_STEP_KEY: Final = "global_step"
 DEFAULT_CLOSE_TIMEOUT: Final = 30.0  # seconds for close(): stragglers + drain + wandb finish
 DEFAULT_START_TIMEOUT: Final = 90.0  # seconds for the logger to open its run (wandb's init_timeout)
 DEFAULT_MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
+# One media item (an image's file, a video, ...): a bigger one is refused at the call.
+DEFAULT_MAX_MEDIA_BYTES: Final = 256 * 1024 * 1024
+# Media a process has staged that the logger has not taken yet: past this, a media value is
+# dropped and counted (funnel/dropped_media) rather than fill the disk or wait on the logger.
+MEDIA_INFLIGHT_BYTES: Final = 1024 * 1024 * 1024
+# The staging directory: this name inside the funnel's private (0700) socket directory.
+MEDIA_DIR: Final = "media"
 DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank
 DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the oldest is forced
 
@@ -75,6 +84,6 @@ EXIT_RANK_DIED: Final = 1  # run_mode="new": the run of a rank that died without
 EXIT_SIGINT: Final = 130  # 128 + SIGINT, the shell's convention
 EXIT_SIGTERM: Final = 143  # 128 + SIGTERM
 
-REDUCERS: Final = ("mean", "sum", "min", "max", "first")
+REDUCERS: Final = ("mean", "sum", "min", "max", "first", "concat", "merge")
 RUN_MODES: Final = ("auto", "shared", "new")
 RANK_SCOPES: Final = ("global", "worker")

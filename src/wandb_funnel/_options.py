@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from wandb_funnel._constants import (
     DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_PENDING_ROWS,
     DEFAULT_MAX_RECORD_BYTES,
     DEFAULT_REORDER_WINDOW,
@@ -84,7 +85,7 @@ def _reducers(reduce: Any) -> dict[str, str]:
 
 
 _FLOATS = ("close_timeout", "start_timeout", "reorder_window")
-_INTS = ("max_pending_rows", "max_record_bytes")
+_INTS = ("max_pending_rows", "max_record_bytes", "max_media_bytes")
 
 
 def parse_option(name: str, text: str) -> Any:
@@ -127,8 +128,10 @@ class FunnelOptions:
         run_mode: ``"auto"`` (a key logged by one rank appears as it is; a key logged by
             several is reduced), ``"shared"`` (every rank's value as ``{key}/rank{rank}``),
             or ``"new"`` (in a launched job: one wandb run per rank, grouped).
-        reduce: the reducer per key: ``"mean"``, ``"sum"``, ``"min"``, ``"max"`` or
-            ``"first"``; a dict of key or glob to reducer, or one reducer for every key.
+        reduce: the reducer per key: ``"mean"``, ``"sum"``, ``"min"``, ``"max"``,
+            ``"first"``, ``"concat"`` (tables: one table, rows in rank order) or ``"merge"``
+            (histograms with the same bins: counts added); a dict of key or glob to reducer,
+            or one reducer for every key.
             Keys without one are averaged.
         step_key: the x-axis key every row carries (declared with ``define_metric``).
         close_timeout: seconds that closing may take in all, whatever wandb does.
@@ -136,6 +139,7 @@ class FunnelOptions:
         reorder_window: seconds a row may wait for a straggling rank.
         max_pending_rows: rows held for ordering before the oldest is written anyway.
         max_record_bytes: the largest encoded record ``log()`` accepts.
+        max_media_bytes: the largest media item (one image's file, a video) ``log()`` accepts.
         rank_scope: in a launched job on several nodes, ``"global"`` (one run for the job)
             or ``"worker"`` (one per node).
 
@@ -146,6 +150,7 @@ class FunnelOptions:
 
     __slots__ = (
         "close_timeout",
+        "max_media_bytes",
         "max_pending_rows",
         "max_record_bytes",
         "rank_scope",
@@ -165,6 +170,7 @@ class FunnelOptions:
     reorder_window: float
     max_pending_rows: int
     max_record_bytes: int
+    max_media_bytes: int
     rank_scope: str
 
     def __init__(
@@ -178,6 +184,7 @@ class FunnelOptions:
         reorder_window: float = DEFAULT_REORDER_WINDOW,
         max_pending_rows: int = DEFAULT_MAX_PENDING_ROWS,
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+        max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES,
         rank_scope: str = "global",
     ) -> None:
         self.run_mode = _choice("run_mode", run_mode, RUN_MODES)
@@ -190,6 +197,7 @@ class FunnelOptions:
         self.reorder_window = _number("reorder_window", reorder_window, positive=False)
         self.max_pending_rows = _count("max_pending_rows", max_pending_rows)
         self.max_record_bytes = _count("max_record_bytes", max_record_bytes)
+        self.max_media_bytes = _count("max_media_bytes", max_media_bytes)
         self.rank_scope = _choice("rank_scope", rank_scope, RANK_SCOPES)
 
     @classmethod

@@ -95,6 +95,7 @@ class WandbSink:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
         kwargs.setdefault("reinit", "create_new")
         self._wandb = wandb
+        self.wandb = wandb  # the media writer makes wandb's own objects from descriptors
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
         init = getattr(wandb.init, ORIGINAL_ATTRIBUTE, wandb.init)
         self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)

@@ -7,9 +7,11 @@ wandb's ``Run`` second, for ``isinstance``. Every other method and property of w
 replaced by a stub that warns once and returns None: wandb's own code would find none of the
 state it expects, and a training job must never crash on a logging call.
 
-``log`` never raises on a value the funnel cannot carry yet (media, tables, numpy arrays:
-issue 13): that value is left out, warned about once, and counted in the run's summary
-(``funnel/dropped_values``), and the rest of the row is logged.
+``log`` carries wandb's media (``wandb.Image``, ``Table``, ``Histogram``, ``Html``, ``Video``,
+``Audio``, ``wandb.plot.*`` charts: ``_worker/media.py``), and never raises on a value the
+funnel cannot carry yet (a numpy array, a matplotlib or plotly figure): that value is left out,
+warned about once, and counted in the run's summary (``funnel/dropped_values``), and the rest
+of the row is logged.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wandb_funnel._protocol import codec
+from wandb_funnel._worker import media
 from wandb_funnel._worker.run import Run
 from wandb_funnel.errors import FunnelWarning
 
@@ -77,6 +80,9 @@ class InstalledRunMixin(Run):
         kept: dict[str, Any] = {}
         dropped: list[str] = []
         for key, value in data.items():
+            if media.contains_media(value):
+                kept[key] = value  # its own errors (too big, a missing file) are the caller's
+                continue
             try:
                 codec.encode_record(0, True, {key: value}, self._max_record_bytes)
             except (TypeError, ValueError):

@@ -29,7 +29,9 @@ from wandb_funnel._constants import (
     EXIT_SIGINT,
     EXIT_SIGTERM,
     LOGGER_TICK,
+    MEDIA_DIR,
 )
+from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._logger.ordering import Reorderer
 from wandb_funnel._logger.receiver import (
     Attached,
@@ -113,11 +115,14 @@ class Logger:
     def _new_writer(self, sink: Sink | None, name: str) -> RunWriter:
         options = self._options
         mode = "shared" if options.run_mode == "shared" else "auto"
+        staging = os.path.join(self._ipc_dir, MEDIA_DIR) if self._ipc_dir else None
+        warn = _warn_once(name)
         return RunWriter(
             sink,
             Reorderer(options.reorder_window, options.max_pending_rows),
-            RowBuilder(mode, options.reduce, options.step_key),
+            RowBuilder(mode, options.reduce, options.step_key, warn),
             name,
+            MediaFiles(staging, warn),
         )
 
     def _writer_for(self, rank: int) -> RunWriter:
@@ -305,6 +310,8 @@ class Logger:
             "funnel/failed_ranks": len(self._failed),
             "funnel/junk_frames": rx.junk_frames,
             "funnel/rejected_peers": rx.rejected_peers + rx.auth_failures,
+            "funnel/media": sum(c.media.logged for c in writers),
+            "funnel/dropped_media": sum(c.media.dropped for c in writers),
         }
 
     def _closing_step(self, step: str) -> None:
@@ -350,6 +357,18 @@ class Logger:
             )
         self.final_stats = stats
         return exit_code
+
+
+def _warn_once(name: str) -> Callable[[str], None]:
+    """A writer's warnings, each said once (a reducer that cannot apply says so every row)."""
+    said: set[str] = set()
+
+    def warn(message: str) -> None:
+        if message not in said and len(said) < 100:
+            said.add(message)
+            log_to_stderr(f"{name}: {message}")
+
+    return warn
 
 
 # Counted per run by each writer itself; everything else is the funnel's.

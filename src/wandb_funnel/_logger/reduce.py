@@ -4,7 +4,9 @@
 (``mean`` for numbers by default, ``first`` otherwise, or whatever ``reduce`` says for the key).
 ``shared``: every rank's value appears as ``{key}/rank{rank}``, plus the reductions that
 ``reduce`` names explicitly. Nested dicts are flattened to ``a.b`` keys first, as wandb itself
-does in history, so that nested keys reduce too. Pure functions; no I/O.
+does in history, so that nested keys reduce too. Media values (``MediaRef``) are not numbers:
+the lowest rank's stands by default; ``concat`` makes one table of every rank's, ``merge`` one
+histogram. Pure functions; no I/O.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import fnmatch
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from wandb_funnel._protocol.messages import MediaRef
 
 if TYPE_CHECKING:  # the logger's module: a worker that imports this never loads it
     from wandb_funnel._logger.ordering import Row
@@ -62,6 +66,48 @@ def _first(values: list[Any]) -> Any:
     return values[0]
 
 
+def _descs(values: list[Any], kind: str, reducer: str) -> list[dict[str, Any]]:
+    descs = [v.desc for v in values if type(v) is MediaRef and v.desc.get("k") == kind]
+    if len(descs) != len(values):
+        raise TypeError(f"{reducer} takes {kind}s only")
+    return descs
+
+
+def concat_tables(values: list[Any], ranks: list[int]) -> MediaRef:
+    """Tables logged by several ranks at one step as one table, rows in rank order, with a
+    ``rank`` column unless the tables have one."""
+    tables = _descs(values, "table", "concat")
+    columns = tables[0]["columns"]
+    for rank, table in zip(ranks, tables, strict=True):
+        if table["columns"] != columns:
+            raise ValueError(
+                f"rank {rank}'s table has columns {table['columns']!r}, rank {ranks[0]}'s "
+                f"{columns!r}: tables concatenate only with the same columns"
+            )
+    add_rank = "rank" not in columns
+    data: list[Any] = []
+    for rank, table in zip(ranks, tables, strict=True):
+        data.extend([*row, rank] if add_rank else row for row in table["data"])
+    return MediaRef({**tables[0], "columns": [*columns, "rank"] if add_rank else columns,
+                     "data": data})
+
+
+def merge_histograms(values: list[Any], ranks: list[int]) -> MediaRef:
+    """Histograms with the same bin edges as one, their counts added."""
+    hists = _descs(values, "histogram", "merge")
+    bins = hists[0]["bins"]
+    for rank, hist in zip(ranks, hists, strict=True):
+        if hist["bins"] != bins:
+            raise ValueError(
+                f"rank {rank}'s histogram has other bin edges than rank {ranks[0]}'s: histograms "
+                f"merge only with the same edges (np_histogram with edges fixed for every rank)"
+            )
+    counts = [sum(c) for c in zip(*(h["histogram"] for h in hists), strict=True)]
+    return MediaRef({"k": "histogram", "histogram": counts, "bins": bins})
+
+
+_RANKED_FUNCS = {"concat": concat_tables, "merge": merge_histograms}
+
 _REDUCER_FUNCS: dict[str, Reducer] = {
     "mean": _mean,
     "sum": _sum,
@@ -71,11 +117,23 @@ _REDUCER_FUNCS: dict[str, Reducer] = {
 }
 
 
-def _reduce(name: str, values: list[Any]) -> Any:
-    # One odd key (mixed types min/max cannot order) must not sink the whole row.
+def _reduce(
+    name: str,
+    values: list[Any],
+    ranks: list[int],
+    key: str = "",
+    warn: Callable[[str], None] | None = None,
+) -> Any:
+    # One odd key (mixed types min/max cannot order) must not sink the whole row: the lowest
+    # rank's value stands, and a reducer asked for by name says why it could not apply.
     try:
+        ranked = _RANKED_FUNCS.get(name)
+        if ranked is not None:
+            return ranked(values, ranks)
         return _REDUCER_FUNCS[name](values)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError) as exc:
+        if warn is not None and ranks:
+            warn(f"reduce {key!r} with {name!r}: {exc}; kept rank {ranks[0]}'s value")
         return values[0]
 
 
@@ -105,8 +163,15 @@ def _flat(data: dict[str, Any]) -> dict[str, Any]:
 class RowBuilder:
     """Builds wandb rows for one run from released Rows."""
 
-    def __init__(self, run_mode: str, reduce: Mapping[str, str], step_key: str) -> None:
+    def __init__(
+        self,
+        run_mode: str,
+        reduce: Mapping[str, str],
+        step_key: str,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         self._mode = run_mode
+        self._warn = warn
         self._explicit = dict(reduce)
         self._globs = [(k, v) for k, v in self._explicit.items() if any(c in k for c in "*?[")]
         self._step_key = step_key
@@ -148,8 +213,12 @@ class RowBuilder:
             for key, values in by_key.items():
                 if len(values) == 1:
                     out[key] = values[0]
-                else:
-                    out[key] = _reduce(self._reducer_for(key) or "mean", values)
+                    continue
+                name = self._reducer_for(key) or "mean"
+                # Which ranks gave the values: asked for only by concat and merge, off the hot path.
+                ranks = [r for r in sorted(parts) if key in _flat(parts[r])] \
+                    if name in _RANKED_FUNCS else []
+                out[key] = _reduce(name, values, ranks, key, self._warn)
         out[self._step_key] = row.step
         return out
 
@@ -168,6 +237,6 @@ class RowBuilder:
                 out[f"{key}/rank{rank}"] = value
             asked = self._reducer_for(key)
             if asked is not None:
-                out[key] = _reduce(asked, values)
+                out[key] = _reduce(asked, values, ranks_by_key[key], key, self._warn)
         out[self._step_key] = row.step
         return out

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from wandb_funnel._logger.media import MediaFiles, has_media
 from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
@@ -21,8 +22,16 @@ _FINISH_SLICE = 1_000  # rows released at a time while finishing
 class RunWriter:
     """Rows for one run; called from the logger's main thread only."""
 
-    def __init__(self, sink: Sink | None, order: Reorderer, builder: RowBuilder, name: str) -> None:
+    def __init__(
+        self,
+        sink: Sink | None,
+        order: Reorderer,
+        builder: RowBuilder,
+        name: str,
+        media: MediaFiles | None = None,
+    ) -> None:
         self.sink = sink
+        self.media = media or MediaFiles(None)
         self.order = order
         self._builder = builder
         self.name = name
@@ -41,8 +50,13 @@ class RunWriter:
             if self._broken is not None or self.sink is None:
                 self.dropped += row.records
                 continue
+            parts = row.parts.values()
+            with_media = any(has_media(part) for part in parts)
             try:
-                self.sink.log(self._builder.build(row))
+                out = self._builder.build(row)
+                if with_media:
+                    out = self.media.materialize(out, getattr(self.sink, "wandb", None))
+                self.sink.log(out)
                 self.records += row.records
                 self.rows += 1
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
@@ -54,6 +68,9 @@ class RunWriter:
                 else:
                     log_to_stderr(f"{self.name}: wandb refused the row at step {row.step}: {exc!r}")
                 self.dropped += row.records
+            finally:
+                if with_media:
+                    self.media.discard(parts)  # what wandb did not move into the run
 
     def _out_of_time(self) -> None:
         self._broken = "out of time"

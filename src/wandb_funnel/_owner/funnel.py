@@ -205,6 +205,7 @@ class Funnel:
             socket.gethostname(),
             client_curve(self._curve) if self._curve else None,
             self._run_info,
+            self.options.max_media_bytes,
         )
 
     def _export_env(self) -> None:

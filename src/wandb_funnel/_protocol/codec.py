@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgpack
@@ -23,6 +23,7 @@ from wandb_funnel._protocol.messages import (
     DONE,
     GOODBYE,
     HELLO,
+    MEDIA_EXT,
     METRIC,
     PROTOCOL_VERSION,
     RECORDS,
@@ -34,6 +35,7 @@ from wandb_funnel._protocol.messages import (
     Done,
     Goodbye,
     Hello,
+    MediaRef,
     Message,
     MetricUpdate,
     RecordBatch,
@@ -70,6 +72,9 @@ def _scalar_item(obj: Any) -> Any:
     if getattr(obj, "ndim", None) == 0 and hasattr(obj, "item"):
         return obj.item()
     raise TypeError(f"cannot encode {type(obj).__module__}.{type(obj).__qualname__}")
+
+
+scalar_item = _scalar_item  # for a media packer's default (``_worker/media.py``)
 
 
 def _packer() -> msgpack.Packer:
@@ -132,29 +137,35 @@ def _check_keys(data: Mapping[Any, Any], path: str, depth: int = 0) -> None:
             raise _binary_error(full, value)
 
 
-def _find_unencodable(data: Mapping[str, Any], path: str = "") -> tuple[str, Any] | None:
+def _find_unencodable(
+    data: Mapping[str, Any], default: Callable[[Any], Any] | None = None, path: str = ""
+) -> tuple[str, Any] | None:
     """Slow path after a failed pack: name the key whose value could not be encoded."""
-    packer = msgpack.Packer(default=_scalar_item, use_bin_type=True)
+    packer = msgpack.Packer(default=default or _scalar_item, use_bin_type=True)
     for key, value in data.items():
         full = f"{path}.{key}" if path else key
         try:
             packer.pack(value)
         except Exception:
             if isinstance(value, Mapping):
-                inner = _find_unencodable(value, full)
+                inner = _find_unencodable(value, default, full)
                 if inner is not None:
                     return inner
             return full, value
     return None
 
 
-def _pack_checked(obj: Any, data: Mapping[str, Any], what: str) -> bytes:
+def _pack_checked(
+    obj: Any, data: Mapping[str, Any], what: str, default: Callable[[Any], Any] | None = None
+) -> bytes:
     try:
+        if default is not None:
+            return msgpack.packb(obj, default=default, use_bin_type=True)  # type: ignore[no-any-return]
         return _packer().pack(obj)  # type: ignore[no-any-return]
     except Exception as exc:
         # A failed pack can leave the packer's buffer dirty: drop it.
         _local.packer = None
-        bad = _find_unencodable(data)
+        bad = _find_unencodable(data, default)
         if bad is None:
             raise TypeError(f"wandb_funnel: cannot encode {what}: {exc}") from exc
         key, value = bad
@@ -210,9 +221,15 @@ def check_step(step: Any) -> int:
     return int(value)
 
 
-def encode_record(step: int, committed: bool, data: Any, max_record_bytes: int) -> bytes:
+def encode_record(
+    step: int,
+    committed: bool,
+    data: Any,
+    max_record_bytes: int,
+    default: Callable[[Any], Any] | None = None,
+) -> bytes:
     """Validate and pack one ``log()`` record; raises TypeError/ValueError naming the key at
-    fault."""
+    fault. ``default`` packs what msgpack cannot (media values, as ``MEDIA_EXT``)."""
     # Checked here too, not only in check_step: an implicit step can reach 2**63 (after
     # log(step=2**63-1, commit=True)), which msgpack packs but the decoder refuses.
     if not 0 <= step <= MAX_STEP:
@@ -225,10 +242,17 @@ def encode_record(step: int, committed: bool, data: Any, max_record_bytes: int) 
     else:
         data = check_data(data)
     packer = getattr(_local, "packer", None)
+    if default is not None:
+        packer = msgpack.Packer(default=default, use_bin_type=True)
     try:
         packed: bytes = packer.pack((step, committed, data))  # type: ignore[union-attr]
-    except Exception:  # no packer yet on this thread (AttributeError), or data it refuses
-        packed = _pack_checked((step, committed, data), data, "log data")
+    except Exception as exc:  # no packer yet on this thread (AttributeError), or data it refuses
+        if default is not None:
+            if isinstance(exc, (TypeError, ValueError)) and str(exc).startswith("wandb_funnel:"):
+                raise  # a media value refused, by the media hook: its own message says why
+            packed = _pack_checked((step, committed, data), data, "log data", default)
+        else:
+            packed = _pack_checked((step, committed, data), data, "log data")
     if len(packed) > max_record_bytes:
         raise ValueError(
             f"wandb_funnel: record at step {step} is {len(packed)} bytes encoded, over "
@@ -345,13 +369,26 @@ def peek_batch(frame: bytes) -> tuple[int, int] | None:
     return first_seq, count
 
 
+def _decode_ext(code: int, payload: bytes) -> MediaRef:
+    """A media value's descriptor; the logger checks its fields when it uses them."""
+    if code != MEDIA_EXT:
+        raise DecodeError(f"unknown extension type {code}")
+    desc = msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_decode_ext)
+    if type(desc) is not dict or type(desc.get("k")) is not str:
+        raise DecodeError("a media value is not a descriptor map")
+    return MediaRef(desc)
+
+
 def decode(frame: bytes, max_frame_bytes: int) -> Message:
     """Decode one frame; anything malformed raises DecodeError, never anything else."""
     if len(frame) > max_frame_bytes:
         raise DecodeError(f"frame of {len(frame)} bytes is over the {max_frame_bytes}-byte limit")
     try:
         unpacker = msgpack.Unpacker(
-            raw=False, strict_map_key=False, max_buffer_size=max(len(frame), 1)
+            raw=False,
+            strict_map_key=False,
+            max_buffer_size=max(len(frame), 1),
+            ext_hook=_decode_ext,
         )
         unpacker.feed(frame)
         header = unpacker.unpack()

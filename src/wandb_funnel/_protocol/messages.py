@@ -26,6 +26,52 @@ DONE: Final = 17
 ACK: Final = 18
 
 
+# msgpack extension type of a media value inside a record (``wandb.Image``, ``wf.Table``, ...):
+# its payload is a msgpack map, the media's descriptor (``_worker/media.py`` writes it,
+# ``_logger/media.py`` turns it back into the wandb object). Bytes never ride here: a file a
+# descriptor names lies in the funnel's staging directory, by name.
+MEDIA_EXT: Final = 1
+
+
+class MediaRef:
+    """A media value as the logger receives it: its descriptor, ``{"k": kind, ...}``."""
+
+    __slots__ = ("desc",)
+
+    def __init__(self, desc: dict[str, Any]) -> None:
+        self.desc = desc
+
+    def files(self) -> list[str]:
+        """The staged file names this value (and any value inside it) holds."""
+        out: list[str] = []
+        _collect_files(self.desc, out)
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MediaRef) and other.desc == self.desc
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"MediaRef({self.desc.get('k')!r})"
+
+
+def _collect_files(value: Any, out: list[str]) -> None:
+    if type(value) is MediaRef:
+        value = value.desc
+    if type(value) is dict:
+        name = value.get("f")
+        if type(name) is str:
+            out.append(name)
+        for item in value.values():
+            if type(item) in (dict, list, MediaRef):
+                _collect_files(item, out)
+    elif type(value) is list:
+        for item in value:
+            if type(item) in (dict, list, MediaRef):
+                _collect_files(item, out)
+
+
 class Hello(NamedTuple):
     """A new stream (one rank of one process) announces itself."""
 

@@ -87,17 +87,30 @@ def private_ipc_endpoint() -> tuple[str, str]:
 
 
 def remove_ipc_dir(directory: str | None) -> None:
-    """Remove our socket directory (it holds the socket file only). No import here: the
-    logger's watchdog runs this while its main thread is stuck, perhaps holding an import
-    lock."""
+    """Remove our socket directory: the socket file, and the media staging folder with
+    whatever is still staged in it. No import here: the logger's watchdog runs this while its
+    main thread is stuck, perhaps holding an import lock."""
     if not directory:
         return
     try:
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
+        for root, dirs, files in os.walk(directory, topdown=False):
+            for name in files:
+                _unlink(os.path.join(root, name))
+            for name in dirs:
+                try:
+                    os.rmdir(os.path.join(root, name))
+                except OSError:
+                    pass
         os.rmdir(directory)
     except OSError:
         pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # gone already: a worker's rollback, or wandb moving it, meanwhile
 
 
 def new_curve_keys() -> dict[str, str]:

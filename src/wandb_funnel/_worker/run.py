@@ -10,11 +10,13 @@ from typing import Any, NamedTuple
 
 from wandb_funnel import _pid
 from wandb_funnel._constants import (
+    DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
     ENV_ADDRESS,
     ENV_CURVE,
     ENV_HOST,
     ENV_LOGGER_PID,
+    ENV_MAX_MEDIA_BYTES,
     ENV_MAX_RECORD_BYTES,
     ENV_RUN_ID,
     ENV_RUN_INFO,
@@ -24,6 +26,7 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import CONFIG, METRIC, SUMMARY
+from wandb_funnel._worker import media
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
 from wandb_funnel._worker.run_data import Config, Summary
 from wandb_funnel._worker.stream import Stream
@@ -41,6 +44,7 @@ class AttachInfo(NamedTuple):
     logger_host: str | None = None
     curve: dict[str, str] | None = None  # client CURVE keys, when the logger listens on TCP
     run_info: dict[str, Any] | None = None  # the open run's name, project, dir, url, ...
+    max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
 
     def to_env(self) -> dict[str, str]:
         """The WANDB_FUNNEL_* variables that let processes started later attach."""
@@ -49,6 +53,7 @@ class AttachInfo(NamedTuple):
             ENV_TOKEN: self.token,
             ENV_RUN_ID: self.run_id,
             ENV_MAX_RECORD_BYTES: str(self.max_record_bytes),
+            ENV_MAX_MEDIA_BYTES: str(self.max_media_bytes),
         }
         if self.logger_pid is not None:
             env[ENV_LOGGER_PID] = str(self.logger_pid)
@@ -79,6 +84,7 @@ class AttachInfo(NamedTuple):
             logger_host=environ.get(ENV_HOST),
             curve=json.loads(curve) if curve else None,
             run_info=json.loads(run_info) if run_info else None,
+            max_media_bytes=int(environ.get(ENV_MAX_MEDIA_BYTES, DEFAULT_MAX_MEDIA_BYTES)),
         )
 
 
@@ -105,6 +111,7 @@ class Run:
         self._requested_rank = requested_rank
         self._finish_hook = on_finish
         self._stream: Stream | None = None
+        self._stager: media.Stager | None = None  # this process's, made at its first media
         self._step = 0
         self._finished = False
         self._config = Config(self._send_config)
@@ -235,9 +242,34 @@ class Run:
             if after < current:
                 after = current
         # Encode first (it validates data): a record refused here must not move the step.
-        frame = codec.encode_record(at, committed, data, self._max_record_bytes)
+        try:
+            frame = codec.encode_record(at, committed, data, self._max_record_bytes)
+        except TypeError:
+            if not media.contains_media(data):
+                raise
+            frame = self._encode_with_media(at, committed, data)
         self._step = after
         stream.push(frame)
+
+    def _encode_with_media(self, step: int, committed: bool, data: dict[str, Any]) -> bytes:
+        """A record holding media: files staged, descriptors packed (``_worker/media.py``)."""
+        stager = self._stager
+        if stager is None or stager.pid != os.getpid():
+            directory = media.staging_dir_for(self._info.address)
+            stager = self._stager = media.Stager(
+                directory,
+                self._info.max_media_bytes,
+                "" if directory else "this rank is on another node than the logger, and media "
+                "do not cross nodes yet",
+            )
+        staged: list[str] = []
+        try:
+            return codec.encode_record(
+                step, committed, data, self._max_record_bytes, stager.packer_default(staged)
+            )
+        except BaseException:
+            stager.rollback(staged)
+            raise
 
     def define_metric(
         self,

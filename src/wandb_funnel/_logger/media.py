@@ -1,0 +1,198 @@
+"""The logger's half of media: descriptors back into wandb's own objects, staged files cleaned.
+
+A worker sends a media value as a descriptor (``_worker/media.py``); the receiver decodes it to
+a ``MediaRef``. Here, just before a row is logged, each ref becomes the wandb object plain
+wandb would have logged (``wandb.Image``, ``wandb.Table``, ``wandb.Histogram``, a custom
+chart ...), its file the staged one, marked temporary so that wandb *moves* it into the run's
+``media/`` folder. After the row, whatever is still staged for it (a value a reducer left out,
+a row wandb refused) is removed. Nothing here trusts a descriptor: only wandb's media classes
+named below are made, files are plain names inside the staging directory, and a bad
+descriptor costs its key, counted, never the row.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from wandb_funnel._logger.receiver import log_to_stderr
+from wandb_funnel._protocol.messages import MediaRef
+
+# Descriptor class name -> where wandb keeps the class (attribute paths on the wandb module).
+_FILE_CLASSES = {
+    "Image": "Image", "Html": "Html", "Video": "Video", "Audio": "Audio",
+    "Object3D": "Object3D", "Molecule": "Molecule", "Classes": "Classes",
+    "ImageMask": "data_types.ImageMask", "BoundingBoxes2D": "data_types.BoundingBoxes2D",
+}
+# What wandb's constructors set that a descriptor's state may not carry.
+_BASE_STATE = {
+    "_run": None, "_artifact_source": None, "_artifact_target": None, "_caption": None,
+    "_path": None, "_is_tmp": False, "_extension": None, "_sha256": None, "_size": None,
+}
+
+
+class BadMediaError(ValueError):
+    """A descriptor this logger cannot turn into a wandb object."""
+
+
+def has_media(data: Any, depth: int = 0) -> bool:
+    """Whether ``data`` (a record's dict, or a value in it) holds a MediaRef."""
+    kind = type(data)
+    if kind is MediaRef:
+        return True
+    if depth > 32:
+        return False
+    if kind is dict:
+        return any(type(v) in _CONTAINERS and has_media(v, depth + 1) for v in data.values())
+    if kind is list:
+        return any(type(v) in _CONTAINERS and has_media(v, depth + 1) for v in data)
+    return False
+
+
+_CONTAINERS = (MediaRef, dict, list)
+
+
+class MediaFiles:
+    """One writer's media: makes wandb objects from refs, removes staged files after a row."""
+
+    def __init__(self, directory: str | None, warn: Callable[[str], None] = log_to_stderr) -> None:
+        self.directory = directory
+        self.logged = 0  # media values handed to wandb
+        self.dropped = 0  # media values that did not reach the run (workers' drops included)
+        self._warn = warn  # the writer's: each message once
+
+    def materialize(self, row: dict[str, Any], wandb: Any) -> dict[str, Any]:
+        """``row`` with every MediaRef made a wandb object; a ref that cannot be is left out
+        (counted, and said once per reason). ``wandb`` None (the null sink): refs are counted
+        as logged and left out."""
+        out: dict[str, Any] = {}
+        for key, value in row.items():
+            if type(value) not in _CONTAINERS:
+                out[key] = value
+                continue
+            try:
+                out[key] = self._convert(value, wandb)
+            except BadMediaError as exc:
+                self.dropped += 1
+                self._warn(f"media at key {key!r} left out of the run: {exc}")
+            except _Absent:
+                continue
+        return out
+
+    def _convert(self, value: Any, wandb: Any) -> Any:
+        kind = type(value)
+        if kind is list:
+            return [self._convert(v, wandb) for v in value]
+        if kind is dict:
+            return {k: self._convert(v, wandb) for k, v in value.items()}
+        if kind is not MediaRef:
+            return value
+        desc = value.desc
+        what = desc["k"]
+        if what == "dropped":
+            self.dropped += 1
+            self._warn(f"a rank dropped a {desc.get('what')} it logged: {desc.get('why')}")
+            raise _Absent
+        if wandb is None:
+            self.logged += 1
+            raise _Absent
+        try:
+            made = self._make(what, desc, wandb)
+        except BadMediaError:
+            raise
+        except Exception as exc:  # wandb refusing what a descriptor says
+            raise BadMediaError(f"{type(exc).__name__}: {exc}") from exc
+        self.logged += 1
+        return made
+
+    def _make(self, what: str, desc: dict[str, Any], wandb: Any) -> Any:
+        if what == "histogram":
+            return wandb.Histogram(np_histogram=(list(desc["histogram"]), list(desc["bins"])))
+        if what == "table":
+            return self._table(desc, wandb)
+        if what == "chart":
+            from_module = wandb.plot.custom_chart
+            spec = from_module.CustomChartSpec(**desc["spec"])
+            return from_module.CustomChart(table=self._table(desc["table"], wandb), spec=spec)
+        if what == "file":
+            return self._file_media(desc, wandb)
+        raise BadMediaError(f"unknown media kind {what!r:.40}")
+
+    def _table(self, desc: dict[str, Any], wandb: Any) -> Any:
+        data = [[self._cell(c, wandb) for c in row] for row in desc["data"]]
+        return wandb.Table(
+            columns=list(desc["columns"]),
+            data=data,
+            allow_mixed_types=bool(desc.get("mixed")),
+            log_mode=desc.get("log_mode") or "IMMUTABLE",
+        )
+
+    def _cell(self, value: Any, wandb: Any) -> Any:
+        try:
+            return self._convert(value, wandb)
+        except _Absent:
+            return None  # a dropped image in a table: an empty cell, counted
+
+    def _file_media(self, desc: dict[str, Any], wandb: Any) -> Any:
+        name = desc.get("c")
+        where = _FILE_CLASSES.get(name) if isinstance(name, str) else None
+        if where is None:
+            raise BadMediaError(f"not a wandb media class: {name!r:.40}")
+        cls: Any = wandb
+        for part in where.split("."):
+            cls = getattr(cls, part)
+        state = desc.get("s")
+        if type(state) is not dict:
+            raise BadMediaError("media state is not a map")
+        obj = cls.__new__(cls)
+        obj.__dict__.update(_BASE_STATE)
+        if name == "Image":
+            obj._image = None
+        for attr, item in state.items():
+            if type(attr) is str and not attr.startswith("__"):
+                obj.__dict__[attr] = self._convert(item, wandb)
+        # Set last, whatever the state said: the file is the staged one, moved by wandb.
+        obj._path, obj._is_tmp = self._source(desc), "f" in desc
+        return obj
+
+    def _source(self, desc: dict[str, Any]) -> str | None:
+        if "f" in desc:
+            return self.path_of(desc["f"])
+        ref = desc.get("ref")
+        if ref is None:
+            return None
+        if type(ref) is not str or "://" not in ref or ref.startswith("file:"):
+            raise BadMediaError(f"a media reference must be a URL, got {ref!r:.80}")
+        return ref
+
+    def path_of(self, name: Any) -> str:
+        """The staged file ``name``, checked: a plain name in the staging directory."""
+        if self.directory is None:
+            raise BadMediaError("this logger has no staging directory")
+        if type(name) is not str or not name or os.path.basename(name) != name or name[0] == ".":
+            raise BadMediaError(f"a staged file must be a plain name, got {name!r:.80}")
+        path = os.path.join(self.directory, name)
+        if not os.path.isfile(path):
+            raise BadMediaError(f"the staged file {name!r} is missing")
+        return path
+
+    def discard(self, parts: Any) -> None:
+        """Remove what is still staged for a row's records (wandb moved what it logged)."""
+        if self.directory is None:
+            return
+        names: list[str] = []
+        for data in parts:
+            for value in data.values():
+                if type(value) in _CONTAINERS:
+                    names.extend(MediaRef({"k": "", "v": value}).files())
+        for name in names:
+            if type(name) is str and name and os.path.basename(name) == name:
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except OSError:
+                    pass
+
+
+class _Absent(Exception):  # noqa: N818  (control flow: a value that is not logged)
+    """A ref that stays out of the row (a worker's counted drop, or no wandb)."""
