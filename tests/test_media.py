@@ -1,0 +1,246 @@
+"""Media, the pure parts: the light types' checks, staging and its bounds, the wire form, the
+logger's checks on a descriptor, and the table and histogram reducers. End to end (real
+processes, the run read back, compared with plain wandb): tests/processes/test_media.py."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import numpy as np
+import pytest
+
+import wandb_funnel as wf
+from wandb_funnel._logger.media import BadMediaError, MediaFiles, has_media
+from wandb_funnel._logger.ordering import Row
+from wandb_funnel._logger.reduce import RowBuilder
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import MediaRef, RecordBatch
+from wandb_funnel._worker import media
+
+
+def _stager(tmp_path: pathlib.Path, max_bytes: int = 1 << 20) -> media.Stager:
+    return media.Stager(str(tmp_path / "media"), max_bytes)
+
+
+def _encode(stager: media.Stager, data: dict[str, Any], max_record: int = 1 << 20
+            ) -> tuple[bytes, list[str]]:
+    staged: list[str] = []
+    try:
+        return codec.encode_record(0, True, data, max_record, stager.packer_default(staged)), staged
+    except BaseException:
+        stager.rollback(staged)
+        raise
+
+
+def _decode(packed: bytes) -> dict[str, Any]:
+    batch = codec.decode(codec.encode_batch(0, [packed]), 1 << 22)
+    assert isinstance(batch, RecordBatch)
+    data: dict[str, Any] = batch.records[0][2]
+    return data
+
+
+# ---- the light types: bad input is refused where it is made ------------------------------
+
+
+def test_an_image_over_max_media_bytes_is_refused_before_it_is_encoded() -> None:
+    huge = np.broadcast_to(np.uint8(0), (100_000, 100_000, 1))  # 10 GB, no memory behind it
+    with pytest.raises(ValueError, match=r"10000000000 bytes, over max_media_bytes"):
+        wf.Image(huge)
+
+
+def test_image_inputs_are_checked_with_their_names(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no image file at"):
+        wf.Image(str(tmp_path / "missing.png"))
+    with pytest.raises(ValueError, match="1, 3 or 4 channels"):
+        wf.Image(np.zeros((4, 4, 2), dtype=np.uint8))
+    with pytest.raises(ValueError, match="file_type must be one of"):
+        wf.Image(np.zeros((4, 4, 3), dtype=np.uint8), file_type="tiff")
+    with pytest.raises(TypeError, match=r"use wandb\.Image for those"):
+        wf.Image(np.zeros((4, 4, 3), dtype=np.uint8), boxes={})
+    with pytest.raises(TypeError, match="takes a numpy array"):
+        wf.Image([[1, 2], [3, 4]])
+
+
+def test_table_rows_must_match_the_columns() -> None:
+    table = wf.Table(columns=["a", "b"])
+    with pytest.raises(ValueError, match=r"2 columns \(a, b\), the row has 3 values"):
+        table.add_data(1, 2, 3)
+    with pytest.raises(ValueError, match="the row has 1 values"):
+        wf.Table(columns=["a", "b"], data=[[1]])
+    with pytest.raises(TypeError, match="columns must be a list of str"):
+        wf.Table(columns="ab")
+
+
+def test_histograms_follow_wandb_rules() -> None:
+    with pytest.raises(ValueError, match="maximum length of a histogram is 512"):
+        wf.Histogram(list(range(1000)), num_bins=600)
+    with pytest.raises(ValueError, match="needs 3 bin edges, got 2"):
+        wf.Histogram(np_histogram=([1, 2], [0.0, 1.0]))
+    with pytest.raises(ValueError, match="needs a sequence or np_histogram"):
+        wf.Histogram()
+    hist = wf.Histogram([0.0, 0.5, 1.0], num_bins=2)
+    assert hist.histogram == [1, 2] and hist.bins == [0.0, 0.5, 1.0]
+
+
+# ---- staging and the wire ----------------------------------------------------------------
+
+
+def test_a_media_record_carries_descriptors_and_the_files_lie_staged(
+    tmp_path: pathlib.Path,
+) -> None:
+    stager = _stager(tmp_path)
+    table = wf.Table(columns=["i", "img"], data=[[1, wf.Image(np.zeros((4, 4, 3), np.uint8))]])
+    packed, staged = _encode(stager, {"t": table, "img": wf.Image(np.ones((2, 2)) * 9),
+                                      "loss": np.float32(0.5)})
+    assert len(staged) == 2 and all(os.path.isfile(p) for p in staged)
+    assert oct(os.stat(staged[0]).st_mode & 0o777) == "0o600"
+    data = _decode(packed)
+    assert data["loss"] == 0.5 and has_media(data)
+    img = data["img"]
+    assert isinstance(img, MediaRef) and img.desc["k"] == "file" and img.desc["c"] == "Image"
+    assert img.desc["s"]["_width"] == 2 and img.desc["f"] == os.path.basename(staged[1])
+    cell = data["t"].desc["data"][0][1]
+    assert isinstance(cell, MediaRef) and cell.files() == [os.path.basename(staged[0])]
+    assert sorted(data["t"].files() + img.files()) == sorted(map(os.path.basename, staged))
+
+
+def test_a_refused_record_takes_its_staged_files_back(tmp_path: pathlib.Path) -> None:
+    stager = _stager(tmp_path)
+    image = wf.Image(np.zeros((64, 64, 3), np.uint8))
+    with pytest.raises(ValueError, match="over max_record_bytes"):
+        _encode(stager, {"img": image, "pad": "x" * 5000}, max_record=1000)
+    assert os.listdir(tmp_path / "media") == []
+
+
+def test_an_item_over_max_media_bytes_is_refused_at_log(tmp_path: pathlib.Path) -> None:
+    stager = _stager(tmp_path, max_bytes=100)
+    with pytest.raises(ValueError, match="over max_media_bytes=100"):
+        _encode(stager, {"img": wf.Image(np.random.default_rng(0).integers(0, 255, (32, 32, 3)))})
+    assert os.listdir(tmp_path / "media") == []
+
+
+def test_past_the_in_flight_bound_media_are_dropped_and_counted(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(media, "MEDIA_INFLIGHT_BYTES", 300)
+    stager = _stager(tmp_path)
+    image = wf.Image(np.random.default_rng(0).integers(0, 255, (8, 8, 3)))  # ~250 bytes
+    first, _ = _encode(stager, {"img": image})
+    second, _ = _encode(stager, {"img": image, "loss": 1})  # the logger took nothing yet
+    assert _decode(first)["img"].desc["k"] == "file"
+    dropped = _decode(second)
+    assert dropped["img"].desc["k"] == "dropped" and dropped["loss"] == 1
+    assert "waiting for the logger" in dropped["img"].desc["why"] and stager.dropped == 1
+    for name in os.listdir(tmp_path / "media"):  # the logger takes the first one...
+        os.unlink(tmp_path / "media" / name)
+    third, _ = _encode(stager, {"img": image})  # ...and there is room again
+    assert _decode(third)["img"].desc["k"] == "file"
+
+
+def test_a_rank_on_another_node_drops_files_but_keeps_histograms_and_tables() -> None:
+    assert media.staging_dir_for("tcp://10.0.0.1:5555") is None
+    stager = media.Stager(None, 1 << 20, "another node")
+    packed, _ = _encode(stager, {"img": wf.Image(np.zeros((2, 2))),
+                                 "h": wf.Histogram(np_histogram=([1], [0.0, 1.0]))})
+    data = _decode(packed)
+    assert data["img"].desc == {"k": "dropped", "what": "Image", "why": "another node"}
+    assert data["h"].desc["k"] == "histogram"
+
+
+# ---- the logger's side -------------------------------------------------------------------
+
+
+def test_the_logger_takes_only_plain_names_in_its_staging_directory(
+    tmp_path: pathlib.Path,
+) -> None:
+    files = MediaFiles(str(tmp_path))
+    (tmp_path.parent / "secret").write_text("x")
+    for name in ("../secret", "/etc/passwd", ".hidden", "", 7):
+        with pytest.raises(BadMediaError, match="plain name"):
+            files.path_of(name)
+    with pytest.raises(BadMediaError, match="missing"):
+        files.path_of("nothing-here.png")
+
+
+def test_a_bad_descriptor_costs_its_key_only_counted(tmp_path: pathlib.Path) -> None:
+    import wandb
+
+    warned: list[str] = []
+    files = MediaFiles(str(tmp_path), warned.append)
+    row = {
+        "ok": 1,
+        "evil": MediaRef({"k": "file", "c": "Artifact", "s": {}}),
+        "traversal": MediaRef({"k": "file", "c": "Image", "s": {}, "f": "../x.png"}),
+        "local_ref": MediaRef({"k": "file", "c": "Image", "s": {}, "ref": "file:///etc/passwd"}),
+        "dropped": MediaRef({"k": "dropped", "what": "Image", "why": "queue full"}),
+        "hist": MediaRef({"k": "histogram", "histogram": [1, 2], "bins": [0, 1, 2]}),
+    }
+    out = files.materialize(row, wandb)
+    assert set(out) == {"ok", "hist"} and isinstance(out["hist"], wandb.Histogram)
+    assert files.dropped == 4 and files.logged == 1
+    assert any("not a wandb media class" in w for w in warned)
+    assert any("queue full" in w for w in warned)
+
+
+def test_a_staged_image_becomes_wandbs_own_moved_into_the_run(tmp_path: pathlib.Path) -> None:
+    import wandb
+
+    stager = media.Stager(str(tmp_path), 1 << 20)
+    packed, staged = _encode(stager, {"img": wf.Image(np.zeros((3, 5, 3), np.uint8), caption="c")})
+    out = MediaFiles(str(tmp_path)).materialize(_decode(packed), wandb)
+    image = out["img"]
+    assert type(image) is wandb.Image and image._caption == "c"
+    assert (image._width, image._height, image.format) == (5, 3, "png")
+    assert image._path == staged[0] and image._is_tmp is True  # wandb moves it, no copy
+
+
+def _row(parts: dict[int, dict[str, Any]]) -> Row:
+    return Row(0, parts)
+
+
+def _table(columns: list[str], rows: list[list[Any]]) -> MediaRef:
+    return MediaRef({"k": "table", "columns": columns, "data": rows, "mixed": False,
+                     "log_mode": "IMMUTABLE"})
+
+
+def test_concat_makes_one_table_in_rank_order_with_a_rank_column() -> None:
+    builder = RowBuilder("auto", {"t": "concat"}, "global_step")
+    out = builder.build(_row({2: {"t": _table(["a"], [[20]])},
+                              0: {"t": _table(["a"], [[0], [1]])}}))
+    assert out["t"].desc["columns"] == ["a", "rank"]
+    assert out["t"].desc["data"] == [[0, 0], [1, 0], [20, 2]]
+    has_rank = builder.build(_row({0: {"t": _table(["rank"], [[0]])},
+                                   1: {"t": _table(["rank"], [[1]])}}))
+    assert has_rank["t"].desc["columns"] == ["rank"] and has_rank["t"].desc["data"] == [[0], [1]]
+
+
+def test_reducers_that_cannot_apply_keep_the_lowest_rank_and_say_why() -> None:
+    warned: list[str] = []
+    builder = RowBuilder("auto", {"t": "concat", "h": "merge"}, "global_step", warned.append)
+    out = builder.build(_row({
+        0: {"t": _table(["a"], [[0]]), "h": MediaRef({"k": "histogram", "histogram": [1],
+                                                       "bins": [0, 1]})},
+        1: {"t": _table(["b"], [[1]]), "h": MediaRef({"k": "histogram", "histogram": [1],
+                                                       "bins": [0, 2]})},
+    }))
+    assert out["t"].desc["columns"] == ["a"] and out["h"].desc["bins"] == [0, 1]
+    assert any("rank 1's table has columns ['b']" in w for w in warned)
+    assert any("other bin edges" in w for w in warned)
+    merged = builder.build(_row({
+        0: {"h": MediaRef({"k": "histogram", "histogram": [1, 2], "bins": [0, 1, 2]})},
+        1: {"h": MediaRef({"k": "histogram", "histogram": [3, 4], "bins": [0, 1, 2]})},
+    }))
+    assert merged["h"].desc["histogram"] == [4, 6]
+
+
+def test_media_default_to_the_lowest_rank_in_auto_and_per_rank_in_shared() -> None:
+    image = {r: MediaRef({"k": "file", "c": "Image", "s": {}, "f": f"{r}.png"}) for r in (0, 1)}
+    auto = RowBuilder("auto", {}, "global_step").build(
+        _row({1: {"img": image[1]}, 0: {"img": image[0]}}))
+    assert auto["img"] is image[0]
+    shared = RowBuilder("shared", {}, "global_step").build(
+        _row({1: {"img": image[1]}, 0: {"img": image[0]}}))
+    assert shared["img/rank0"] is image[0] and shared["img/rank1"] is image[1]
+    assert "img" not in shared
