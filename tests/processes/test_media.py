@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import Scripts, program, reports
+from tests.conftest import Scripts, leftover_processes, program, reports
 from tests.wandb_reader import WandbRun, only_run
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
@@ -152,3 +154,34 @@ def test_a_kill_with_media_in_flight_leaves_nothing_staged(scripts: Scripts, kil
         assert run.exit_code == 0
     else:
         assert seen["stats"] is None  # the logger died: no accounting came back
+
+
+@pytest.mark.timeout(240)
+def test_the_mnist_predictions_example_holds_one_table_of_both_ranks_rows(
+    scripts: Scripts,
+) -> None:
+    """examples/mnist_predictions.py under torchrun with 2 ranks (seed 004, done better):
+    the run holds one predictions table with both ranks' rows and a rank column, four sample
+    images from each rank, and one confidence histogram counting both shards."""
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "mnist_predictions.py"
+    rows = 25
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(example), "--epochs", "1", "--rows", str(rows)],
+        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=200,
+        check=False,  # its stderr shows in the failure below
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = only_run(scripts.wandb_dir)
+    assert run.exit_code == 0 and run.summary["funnel/dropped_media"] == 0
+    (last,) = [row for row in run.history if "predictions._type" in row]
+    assert last["predictions.nrows"] == 2 * rows and last["predictions.ncols"] == 14
+    table = json.loads((run.path.parent / "files" / last["predictions.path"]).read_text())
+    assert table["columns"][-1] == "rank"
+    assert [r[-1] for r in table["data"]] == [0] * rows + [1] * rows
+    for rank in (0, 1):
+        assert last[f"samples/rank{rank}.count"] == 4
+        for name in last[f"samples/rank{rank}.filenames"]:
+            assert (run.path.parent / "files" / name).is_file()
+    assert sum(last["confidence.values"]) == 360  # the whole test set: both shards, merged
+    assert leftover_processes(scripts.mark) == []
