@@ -109,9 +109,9 @@ def test_libraries_see_wandbs_run_class(installed: None) -> None:
     view.define_metric("train/*", step_metric="train/step")
     assert stream.updates[-1].data == {"name": "train/*", "step_metric": "train/step"}
     view._label(code="transformers_trainer")  # private: silent
-    with pytest.warns(FunnelWarning, match=r"run.watch\(\) does not go through the funnel"):
-        view.watch(None)
-    view.watch(None)  # warned once; counted each time
+    with pytest.warns(FunnelWarning, match=r"run.alert\(\) does not go through the funnel"):
+        view.alert("title", "text")
+    view.alert("title", "text")  # warned once; counted each time
     assert stream.updates[-1].data == {"funnel/unsupported_calls": 2}
     assert view.starting_step == 0 and view.resumed is False
 

@@ -185,3 +185,44 @@ def test_the_mnist_predictions_example_holds_one_table_of_both_ranks_rows(
             assert (run.path.parent / "files" / name).is_file()
     assert sum(last["confidence.values"]) == 360  # the whole test set: both shards, merged
     assert leftover_processes(scripts.mark) == []
+
+
+def _artifacts(run: WandbRun) -> dict[str, tuple[Any, ...]]:
+    return {
+        a["name"]: (a["type"], sorted(a.get("aliases", [])),
+                    sorted(c["path"] for c in a["manifest"]["contents"]))
+        for a in run.artifacts
+    }
+
+
+def test_watch_artifacts_and_save_from_any_rank_as_plain_wandb_records_them(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """wandb.watch(log="all") gives the same gradient and parameter histograms as plain
+    wandb; log_artifact of a directory and of a wandb.Artifact, and wandb.save, give the same
+    artifact records (name, type, aliases, entries) and saved files; a spawned child's
+    artifacts and saved file land in the same run."""
+    seen, funnel, funnel_dir = _run(scripts, "files-and-watch")
+    _, plain, plain_dir = _run(Scripts(tmp_path_factory.mktemp("plain")), "files-and-watch",
+                               "--plain")
+    assert seen["child_exit"] == 0
+
+    def watched(run: WandbRun) -> list[list[str]]:
+        return [sorted(k for k in row if k.startswith(("gradients/", "parameters/")))
+                for row in run.history]
+
+    assert watched(funnel) == watched(plain)
+    assert "gradients/0.weight._type" in watched(plain)[1]
+    assert [row.get("gradients/0.weight.values") for row in funnel.history] == \
+        [row.get("gradients/0.weight.values") for row in plain.history]
+    owner = {k: v for k, v in _artifacts(funnel).items() if k.endswith("-owner")}
+    assert owner == _artifacts(plain) == {
+        "dataset-owner": ("dataset", ["latest"], ["a.txt", "sub/b.txt"]),
+        "model-owner": ("model", ["best", "latest"], ["weights.txt"]),
+    }
+    assert _artifacts(funnel)["dataset-child"] == ("dataset", ["latest"], ["a.txt", "sub/b.txt"])
+    assert (funnel_dir / "ck-owner" / "w.bin").read_text() == "weights of owner"
+    assert (funnel_dir / "ck-child" / "w.bin").read_text() == "weights of child"
+    assert (plain_dir / "ck-owner" / "w.bin").read_text() == "weights of owner"
+    assert {"ck-owner/w.bin", "ck-child/w.bin"} <= set(funnel.files)
+    assert funnel.summary["funnel/files"] == 8 and funnel.summary["funnel/dropped_files"] == 0

@@ -236,5 +236,68 @@ def killed(args: argparse.Namespace) -> None:
            stats=funnel.stats)
 
 
+def train_watched(wandb: Any) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    wandb.watch(model, log="all", log_freq=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        wandb.log({"loss": loss.item()})
+
+
+def log_files(wandb: Any, run: Any, scratch: str, tag: str) -> None:
+    """A directory and a wandb.Artifact as artifacts, and a file saved into the run."""
+    data = os.path.join(scratch, f"data-{tag}")
+    os.makedirs(os.path.join(data, "sub"), exist_ok=True)
+    for name, text in (("a.txt", "a"), ("sub/b.txt", "b")):
+        with open(os.path.join(data, name), "w") as f:
+            f.write(f"{text} from {tag}")
+    run.log_artifact(data, name=f"dataset-{tag}", type="dataset")
+    artifact = wandb.Artifact(f"model-{tag}", type="model", metadata={"tag": tag})
+    artifact.add_file(os.path.join(data, "a.txt"), name="weights.txt")
+    run.log_artifact(artifact, aliases=["best"])
+    checkpoints = os.path.join(scratch, f"ck-{tag}")
+    os.makedirs(checkpoints, exist_ok=True)
+    with open(os.path.join(checkpoints, "w.bin"), "w") as f:
+        f.write(f"weights of {tag}")
+    wandb.save(os.path.join(checkpoints, "*.bin"), base_path=scratch)
+
+
+def files_child(scratch: str) -> None:
+    import wandb  # installed: the parent's install() holds in this spawned child
+
+    run = wandb.init()
+    log_files(wandb, run, scratch, "child")
+    wandb.finish()
+
+
+@scenario(plain)
+def files_and_watch(args: argparse.Namespace) -> None:
+    """wandb.watch, run.log_artifact (a directory, a wandb.Artifact) and wandb.save, through
+    install() or (--plain) not; through the funnel a spawned child logs its own files too."""
+    if not args.plain:
+        import wandb_funnel
+
+        wandb_funnel.install()
+    import wandb
+
+    scratch = os.environ["MEDIA_SCRATCH"]
+    run = wandb.init(project="media", name="files")
+    train_watched(wandb)
+    log_files(wandb, run, scratch, "owner")
+    if not args.plain:
+        child = mp.get_context("spawn").Process(target=files_child, args=(scratch,))
+        child.start()
+        child.join(120)
+        report(child_exit=child.exitcode)
+    wandb.finish()
+
+
 if __name__ == "__main__":
     scenario.main()

@@ -72,6 +72,45 @@ class InstalledRunMixin(Run):
                 raise  # not a value's fault (a bad key, step or commit): the caller's error
             Run.log(self, kept, step=step, commit=commit)
 
+    def _log(self, data: dict[str, Any], step: int | None = None, commit: bool | None = None,
+             **_: Any) -> None:
+        """What wandb's own helpers call (``watch``'s hooks log histograms with
+        ``commit=False``, into the rank's current step)."""
+        self.log(data, step=step, commit=commit)
+
+    @property
+    def _torch(self) -> Any:
+        """wandb's TorchHistory for this run: ``watch`` registers its hooks there."""
+        history = self.__dict__.get("_funnel_torch_history")
+        if history is None:
+            from wandb.integration.torch import wandb_torch
+
+            history = self.__dict__["_funnel_torch_history"] = wandb_torch.TorchHistory()  # type: ignore[no-untyped-call]
+        return history
+
+    def watch(
+        self,
+        models: Any,
+        criterion: Any = None,
+        log: str | None = "gradients",
+        log_freq: int = 1000,
+        idx: int | None = None,
+        log_graph: bool = False,
+    ) -> Any:
+        """``wandb.watch``, from any rank: wandb's own hooks, their gradient and parameter
+        histograms logged through the funnel (per rank in shared mode; the lowest rank's in
+        auto mode). The graph (``log_graph=True``) is not carried: warned and counted."""
+        from wandb.sdk.wandb_watch import _watch
+
+        if log_graph:
+            self._unsupported("watch(log_graph=True)")
+        return _watch(self, models, criterion, log, log_freq, idx, log_graph=False)  # type: ignore[arg-type]
+
+    def unwatch(self, models: Any = None) -> None:
+        from wandb.sdk.wandb_watch import _unwatch
+
+        _unwatch(self, models)  # type: ignore[arg-type]
+
     def _carried_values(self, data: Any) -> dict[str, Any] | None:
         """``data`` without the values the funnel cannot carry (counted and warned about);
         None when every value can be carried (the error was something else)."""

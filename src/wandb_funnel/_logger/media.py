@@ -60,6 +60,8 @@ class MediaFiles:
         self.directory = directory
         self.logged = 0  # media values handed to wandb
         self.dropped = 0  # media values that did not reach the run (workers' drops included)
+        self.files = 0  # files of log_artifact and save that reached the run
+        self.dropped_files = 0
         self._warn = warn  # the writer's: each message once
 
     def materialize(self, row: dict[str, Any], wandb: Any) -> dict[str, Any]:
@@ -176,6 +178,58 @@ class MediaFiles:
         if not os.path.isfile(path):
             raise BadMediaError(f"the staged file {name!r} is missing")
         return path
+
+    def log_files(self, data: dict[str, Any], sink: Any) -> None:
+        """A rank's ``log_artifact`` or ``save``: the staged files go into an artifact of the
+        run, or into the run's directory; removed from staging whatever happens."""
+        entries = data.get("entries")
+        entries = entries if type(entries) is list else []
+        names = [e[1] for e in entries if type(e) is list and len(e) == 2]
+        wandb, run = getattr(sink, "wandb", None), getattr(sink, "run", None)
+        try:
+            if wandb is None or run is None:
+                raise BadMediaError("no wandb run here (the null sink)")
+            if data.get("op") == "refused":
+                raise BadMediaError(f"{data.get('what')}: {data.get('why')}")
+            if data.get("op") == "artifact":
+                self._log_artifact(data, entries, wandb, run)
+            elif data.get("op") == "save":
+                self._save(data, entries, run)
+            else:
+                raise BadMediaError(f"unknown files operation {data.get('op')!r:.40}")
+            self.files += len(names)
+        except Exception as exc:
+            self.dropped_files += len(names) or 1
+            self._warn(f"{data.get('op')} from a rank left out of the run: {exc!r:.300}")
+        finally:
+            for name in names:
+                try:
+                    os.unlink(self.path_of(name))
+                except (OSError, BadMediaError):
+                    pass  # moved into the run (save), or never there
+
+    def _log_artifact(self, data: dict[str, Any], entries: list[Any], wandb: Any,
+                      run: Any) -> None:
+        artifact = wandb.Artifact(
+            str(data["name"]), str(data.get("type") or "unspecified"),
+            description=data.get("description"), metadata=data.get("metadata") or None,
+        )
+        for entry, name in entries:
+            artifact.add_file(self.path_of(name), name=str(entry))  # a copy: staging may go
+        for entry, uri in data.get("refs") or []:
+            artifact.add_reference(str(uri), name=str(entry))
+        run.log_artifact(artifact, aliases=data.get("aliases") or None,
+                         tags=data.get("tags") or None)
+
+    def _save(self, data: dict[str, Any], entries: list[Any], run: Any) -> None:
+        root = os.path.realpath(run.dir)
+        for entry, name in entries:
+            dest = os.path.realpath(os.path.join(root, str(entry)))
+            if not dest.startswith(root + os.sep):
+                raise BadMediaError(f"a saved file must stay inside the run, got {entry!r:.80}")
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            os.replace(self.path_of(name), dest)
+            run.save(dest, base_path=root, policy=data.get("policy") or "now")
 
     def discard(self, parts: Any) -> None:
         """Remove what is still staged for a row's records (wandb moved what it logged)."""

@@ -312,6 +312,8 @@ class Logger:
             "funnel/rejected_peers": rx.rejected_peers + rx.auth_failures,
             "funnel/media": sum(c.media.logged for c in writers),
             "funnel/dropped_media": sum(c.media.dropped for c in writers),
+            "funnel/files": sum(c.media.files for c in writers),
+            "funnel/dropped_files": sum(c.media.dropped_files for c in writers),
         }
 
     def _closing_step(self, step: str) -> None:

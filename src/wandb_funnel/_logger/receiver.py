@@ -26,6 +26,7 @@ from wandb_funnel._protocol.messages import (
     Ack,
     Close,
     ConfigUpdate,
+    FilesUpdate,
     Goodbye,
     Hello,
     MetricUpdate,
@@ -73,7 +74,7 @@ class Records:
 @dataclass(frozen=True, slots=True)
 class Update:
     rank: int
-    kind: str  # "config", "summary" or "metric" (define_metric)
+    kind: str  # "config", "summary", "metric" (define_metric) or "files"
     data: dict[str, Any]
 
 
@@ -268,6 +269,8 @@ class Receiver(threading.Thread):
             self.events.put(Update(peer.rank, "summary", message.data))
         elif isinstance(message, MetricUpdate):
             self.events.put(Update(peer.rank, "metric", message.data))
+        elif isinstance(message, FilesUpdate):
+            self.events.put(Update(peer.rank, "files", message.data))
         else:
             self.junk_frames += 1
 

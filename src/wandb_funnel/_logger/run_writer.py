@@ -77,6 +77,9 @@ class RunWriter:
         log_to_stderr(f"{self.name}: out of time to write rows; counting the rest as dropped")
 
     def update(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "files":  # staged files: the writer's media takes them, and cleans up
+            self.media.log_files(data, self.sink)
+            return
         if self.sink is None:
             return
         fn: Callable[[dict[str, Any]], None] = {

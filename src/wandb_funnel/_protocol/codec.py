@@ -21,6 +21,7 @@ from wandb_funnel._protocol.messages import (
     CLOSE,
     CONFIG,
     DONE,
+    FILES,
     GOODBYE,
     HELLO,
     MEDIA_EXT,
@@ -33,6 +34,7 @@ from wandb_funnel._protocol.messages import (
     Close,
     ConfigUpdate,
     Done,
+    FilesUpdate,
     Goodbye,
     Hello,
     MediaRef,
@@ -51,7 +53,9 @@ MAX_BATCH_RECORDS: Final = 1 << 20
 # Python recursion, and the receiver thread starts deeper in the stack than a caller; 256 is
 # far deeper than any metrics dict and far below both limits (docs/DESIGN.md, "Wire").
 MAX_NESTING: Final = 256
-_UPDATE_NAMES: Final = {CONFIG: "config", SUMMARY: "summary", METRIC: "define_metric"}
+_UPDATE_NAMES: Final = {
+    CONFIG: "config", SUMMARY: "summary", METRIC: "define_metric", FILES: "files"
+}
 
 
 class DecodeError(ValueError):
@@ -423,6 +427,8 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             _want(all(type(k) is str for k in body[0]), "update has a non-str key")
             if kind == CONFIG:
                 return ConfigUpdate(body[0])
+            if kind == FILES:
+                return FilesUpdate(body[0])
             return SummaryUpdate(body[0]) if kind == SUMMARY else MetricUpdate(body[0])
         if kind == GOODBYE:
             _want(len(body) == 3 and _is_int(body[0]) and type(body[1]) is str, "bad goodbye")

@@ -21,6 +21,7 @@ SUMMARY: Final = 4
 GOODBYE: Final = 5
 CLOSE: Final = 6
 METRIC: Final = 7
+FILES: Final = 8  # log_artifact / save: files staged by name, see _worker/files.py
 WELCOME: Final = 16
 DONE: Final = 17
 ACK: Final = 18
@@ -113,6 +114,13 @@ class MetricUpdate(NamedTuple):
     data: dict[str, Any]
 
 
+class FilesUpdate(NamedTuple):
+    """``run.log_artifact`` or ``run.save`` from some rank: ``{"op": "artifact" | "save", ...}``
+    naming files in the staging directory."""
+
+    data: dict[str, Any]
+
+
 class Goodbye(NamedTuple):
     """A stream ends; ``produced`` counts every record it ever numbered, sent or dropped.
 
@@ -157,6 +165,7 @@ Message = (
     | ConfigUpdate
     | SummaryUpdate
     | MetricUpdate
+    | FilesUpdate
     | Goodbye
     | Close
     | Welcome

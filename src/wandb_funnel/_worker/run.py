@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -25,12 +26,12 @@ from wandb_funnel._constants import (
     WELCOME_TIMEOUT,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import CONFIG, METRIC, SUMMARY
-from wandb_funnel._worker import media
+from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY
+from wandb_funnel._worker import files, media
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
 from wandb_funnel._worker.run_data import Config, Summary
 from wandb_funnel._worker.stream import Stream
-from wandb_funnel.errors import ClientClosedError
+from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
 
 class AttachInfo(NamedTuple):
@@ -251,8 +252,7 @@ class Run:
         self._step = after
         stream.push(frame)
 
-    def _encode_with_media(self, step: int, committed: bool, data: dict[str, Any]) -> bytes:
-        """A record holding media: files staged, descriptors packed (``_worker/media.py``)."""
+    def _media_stager(self) -> media.Stager:
         stager = self._stager
         if stager is None or stager.pid != os.getpid():
             directory = media.staging_dir_for(self._info.address)
@@ -260,13 +260,87 @@ class Run:
                 directory,
                 self._info.max_media_bytes,
                 "" if directory else "this rank is on another node than the logger, and media "
-                "do not cross nodes yet",
+                "files do not cross nodes yet",
             )
+        return stager
+
+    def _encode_with_media(self, step: int, committed: bool, data: dict[str, Any]) -> bytes:
+        """A record holding media: files staged, descriptors packed (``_worker/media.py``)."""
+        stager = self._media_stager()
         staged: list[str] = []
         try:
             return codec.encode_record(
                 step, committed, data, self._max_record_bytes, stager.packer_default(staged)
             )
+        except BaseException:
+            stager.rollback(staged)
+            raise
+
+    # -- files -------------------------------------------------------------------------------
+    def log_artifact(
+        self,
+        artifact_or_path: Any,
+        name: str | None = None,
+        type: str | None = None,  # noqa: A002  (wandb's own argument name)
+        aliases: list[str] | None = None,
+        tags: list[str] | None = None,
+    ) -> Any:
+        """``wandb.Run.log_artifact`` from any rank: a file, a directory or a
+        ``wandb.Artifact`` (its local files and references) becomes an artifact of the run.
+        Returns the artifact it was given (None for a path).
+
+        Raises:
+            ValueError: a path that does not exist.
+            TypeError: neither a path nor a wandb.Artifact.
+        """
+        self._send_files("log_artifact", lambda stager, staged: files.artifact_update(
+            stager, artifact_or_path, name, type, aliases, tags, self.id, staged))
+        return None if isinstance(artifact_or_path, (str, os.PathLike)) else artifact_or_path
+
+    def log_model(
+        self, path: Any, name: str | None = None, aliases: list[str] | None = None
+    ) -> None:
+        """``wandb.Run.log_model``: a model artifact from a file or directory."""
+        self.log_artifact(path, name=name, type="model", aliases=aliases)
+
+    def save(
+        self, glob_str: str | None = None, base_path: str | None = None, policy: str = "live"
+    ) -> bool | list[str]:
+        """``wandb.Run.save`` from any rank: the files matching ``glob_str`` are copied into
+        the run's directory now, at their paths under ``base_path``. ``"live"`` (re-upload
+        on every change) is taken as ``"now"``: the funnel copies each file once.
+
+        Raises:
+            ValueError: a bad policy, or a file outside ``base_path``.
+        """
+        if glob_str is None:
+            return True  # wandb: save() with no pattern does nothing
+        saved: list[str] = []
+
+        def make(stager: media.Stager, staged: list[str]) -> dict[str, Any]:
+            data = files.save_update(stager, glob_str, base_path, policy, staged)
+            saved.extend(entry for entry, _ in data["entries"])
+            return data
+
+        self._send_files("save", make)
+        return saved
+
+    def _send_files(
+        self, what: str, make: Callable[[media.Stager, list[str]], dict[str, Any]]
+    ) -> None:
+        stager = self._media_stager()
+        staged: list[str] = []
+        try:
+            data = make(stager, staged)
+        except files.FilesRefusedError as exc:
+            warnings.warn(f"wandb_funnel: {what}() was not carried: {exc}", FunnelWarning,
+                          stacklevel=3)
+            data = {"op": "refused", "what": what, "why": str(exc)}
+        except BaseException:
+            stager.rollback(staged)
+            raise
+        try:
+            self._send_update(FILES, data)
         except BaseException:
             stager.rollback(staged)
             raise

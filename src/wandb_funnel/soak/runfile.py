@@ -28,6 +28,9 @@ class WandbRun:
     summary: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: list[dict[str, Any]] = field(default_factory=list)  # the artifact records
+    files: list[str] = field(default_factory=list)  # paths the files records name
+    record_types: dict[str, int] = field(default_factory=dict)  # how many of each kind
 
     def count_cells(self, pattern: str) -> int:
         """How many history cells have a key matching ``pattern`` (a full-match regex)."""
@@ -64,6 +67,7 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             continue
         rec = json.loads(line)
         kind = rec.get("type")
+        run.record_types[kind] = run.record_types.get(kind, 0) + 1
         if kind == "run":
             body = rec["run"]
             run.run_id = body.get("run_id", "")
@@ -79,6 +83,10 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             run.config.update(rec["config"].get("update", {}))
         elif kind == "metric":
             run.metrics.append(rec["metric"])
+        elif kind == "artifact":
+            run.artifacts.append(rec["artifact"])
+        elif kind == "files":
+            run.files.extend(f.get("path", "") for f in rec["files"].get("files", []))
         elif kind == "exit":
             run.exit_code = int(rec["exit"].get("exit_code", 0))
     return run
