@@ -32,12 +32,15 @@ from wandb_funnel._constants import BATCH_BYTES, ENV_TOKEN
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import (
     CONFIG,
+    FILES,
+    MEDIA_EXT,
     METRIC,
     SUMMARY,
     Ack,
     Close,
     ConfigUpdate,
     Done,
+    FilesUpdate,
     Goodbye,
     Hello,
     Message,
@@ -125,6 +128,10 @@ class Fuzz:
             codec.encode_update(CONFIG, {"lr": 0.1, "nested": {"x": [1]}}, maxr),
             codec.encode_update(SUMMARY, {"best": 0.9}, maxr),
             codec.encode_update(METRIC, {"name": "loss", "step_metric": "epoch"}, maxr),
+            codec.encode_update(FILES, {"op": "save", "entries": [["a.txt", "1-1-00.txt"]],
+                                        "policy": "now"}, maxr),
+            codec.encode_batch(0, [msgpack.packb((1, True, {"img": msgpack.ExtType(
+                MEDIA_EXT, msgpack.packb({"k": "file", "c": "Image", "s": {}, "f": "x.png"}))}))]),
             codec.encode_close(Close(fake, 0, 10.0)),
             codec.encode_welcome(Welcome(2)),
             codec.encode_ack(Ack(5)),
@@ -434,7 +441,7 @@ class Model:
             self.gaps += max(0, m.produced - self.next_seq)
             if not self.ended:
                 self.ended, self.exit_code = True, m.exit_code
-        elif isinstance(m, (ConfigUpdate, SummaryUpdate, MetricUpdate)):
+        elif isinstance(m, (ConfigUpdate, SummaryUpdate, MetricUpdate, FilesUpdate)):
             self.updates += 1
         else:  # Welcome, Ack, Done: the logger's own messages
             self.junk += 1
