@@ -110,6 +110,7 @@ def suite(scratch: pathlib.Path, quick: bool) -> dict[str, Any]:
     results["rank0_only"] = child("rank0-only", "rank0_only.py",
                                   "--steps", "300" if quick else "2000",
                                   "--repeats", "1" if quick else "3")
+    results["media"] = child("media", "media.py", "--images", "200" if quick else "2000")
     return results
 
 

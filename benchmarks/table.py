@@ -120,6 +120,18 @@ def markdown(results: dict[str, Any]) -> str:
             [mode, r0[mode]["job_s"], r0[mode]["exit_s"]] for mode in ("plain", "funnel")])
         lines += [f"Funnel / plain, whole job: {r0['ratio_job']:.2f}.", ""]
 
+    media = results.get("media")
+    if media is not None:
+        lines += [(f"**7. Images** ({media['images']} images of 64x64 RGB, one per step; plain "
+                   f"`wandb.log` of `wandb.Image` against a funnel rank logging `wf.Image` or "
+                   f"`wandb.Image`)"), ""]
+        lines += _rows(["mode", "cost per image to the logging process us",
+                        "images/s into the run"],
+                       [[mode, media[mode]["worker_us"], media[mode]["images_per_s"]]
+                        for mode in ("plain", "funnel", "funnel-wandb")])
+        lines += [(f"Funnel (`wf.Image`) / plain: cost per image {media['ratio_worker']:.2f}, "
+                   f"throughput {media['ratio_throughput']:.2f}."), ""]
+
     mem = results["memory"]
     w = mem["worker"]
     lines += ["**5. Memory and import**", ""]
