@@ -244,3 +244,54 @@ def test_media_default_to_the_lowest_rank_in_auto_and_per_rank_in_shared() -> No
         _row({1: {"img": image[1]}, 0: {"img": image[0]}}))
     assert shared["img/rank0"] is image[0] and shared["img/rank1"] is image[1]
     assert "img" not in shared
+
+
+# ---- across nodes: bytes in chunks ------------------------------------------------------------
+
+
+def test_a_rank_on_another_node_sends_its_files_as_chunks(tmp_path: pathlib.Path) -> None:
+    """The remote stager sends the file's bytes (chunks, through the stream), names them in
+    the descriptor; the logger's BlobWriter writes ``.part`` and renames on the last chunk."""
+    from wandb_funnel._constants import BATCH_BYTES
+    from wandb_funnel._logger.blobs import BlobWriter
+    from wandb_funnel._protocol.messages import Blob
+
+    writer = BlobWriter(str(tmp_path))
+
+    def send(name: str, data: bytes) -> bool:  # what Stream.send_blob puts on the wire
+        for offset in range(0, max(len(data), 1), BATCH_BYTES):
+            chunk = data[offset:offset + BATCH_BYTES]
+            frame = codec.encode_blob(Blob(name, offset, len(data), chunk))
+            blob = codec.decode(frame, 1 << 20)
+            assert isinstance(blob, Blob)
+            if offset + BATCH_BYTES < len(data):
+                assert not (tmp_path / name).exists()  # not whole yet
+            assert writer.write(blob)
+        return True
+
+    stager = media.Stager(None, 1 << 24, send_blob=send)
+    big = np.random.default_rng(1).integers(0, 255, (400, 400, 3))  # a PNG over one chunk
+    packed, staged = _encode(stager, {"img": wf.Image(big)}, max_record=1 << 20)
+    assert staged == []  # nothing of this process's on the logger's disk to take back
+    name = _decode(packed)["img"].desc["f"]
+    assert (tmp_path / name).stat().st_size > BATCH_BYTES and writer.files == 1
+    assert not list(tmp_path.glob("*.part"))
+    # The queue full: the value goes as a counted drop, the record still goes.
+    full = media.Stager(None, 1 << 24, send_blob=lambda name, data: False)
+    packed, _ = _encode(full, {"img": wf.Image(np.zeros((2, 2))), "loss": 1})
+    data = _decode(packed)
+    assert data["img"].desc["k"] == "dropped" and data["loss"] == 1 and full.dropped == 1
+
+
+def test_the_logger_takes_chunks_only_for_plain_new_names(tmp_path: pathlib.Path) -> None:
+    from wandb_funnel._logger.blobs import BlobWriter
+    from wandb_funnel._protocol.messages import Blob
+
+    writer = BlobWriter(str(tmp_path))
+    for name in ("../x", ".hidden", "x.part", ""):
+        assert not writer.write(Blob(name, 0, 1, b"x"))
+    assert not writer.write(Blob("late.png", 5, 10, b"12345"))  # never begun
+    assert writer.write(Blob("a.png", 0, 2, b"ab"))
+    assert not writer.write(Blob("a.png", 0, 2, b"cd"))  # exists: never overwritten
+    assert (tmp_path / "a.png").read_bytes() == b"ab"
+    assert BlobWriter(None).write(Blob("b.png", 0, 1, b"b")) is False

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import Scripts, program, wait_for_report
+from tests.conftest import Scripts, program, reports, wait_for_report
 from tests.wandb_reader import WandbRun, find_runs
 
 pytestmark = pytest.mark.processes
@@ -211,4 +211,28 @@ def test_ddp_example_trains_and_logs(scripts: Scripts) -> None:
     assert all(tp > 0 for _, tp in run.column("throughput"))
     assert run.config["world_size"] == 2
     assert run.summary["funnel/dropped_records"] == 0
+    assert leftovers_empty(scripts)
+
+
+@pytest.mark.timeout(240)
+def test_media_from_a_rank_on_another_node_cross_as_bytes(scripts: Scripts) -> None:
+    """Two "nodes" (rank 1 reaches the logger over TCP, with no shared staging directory):
+    rank 1's wf.Image, wandb.Image and table image are sent as bytes in chunks ahead of its
+    record, and land in the run as rank 0's do; tables concatenate, histograms merge."""
+    results = torchrun(scripts, ["shared", "global", "media"], nproc=1, nnodes=2)
+    for res in results:
+        assert res.returncode == 0, res.stderr[-3000:]
+    seen = reports("".join(res.stdout for res in results))
+    assert seen["media_over_0"] == "files" and seen["media_over_1"] == "bytes"
+    (run,) = find_runs(scripts.wandb_dir)
+    (last,) = [row for row in run.history if "img/rank0._type" in row]
+    files = run.path.parent / "files"
+    for rank in (0, 1):
+        assert last[f"img/rank{rank}.caption"] == f"rank {rank}"
+        assert last[f"wimg/rank{rank}.caption"] == f"wandb rank {rank}"
+        for key in ("img", "wimg"):
+            assert (files / last[f"{key}/rank{rank}.path"]).is_file()
+    assert last["table.nrows"] == 2 and last["hist.values"] == [1, 2]
+    assert run.summary["funnel/dropped_media"] == 0
+    assert run.summary["funnel/junk_frames"] == 0
     assert leftovers_empty(scripts)

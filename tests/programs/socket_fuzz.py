@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import random
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.queues import Queue
@@ -29,6 +30,7 @@ from _prelude import Scenarios, option, report
 
 import wandb_funnel as wf
 from wandb_funnel._constants import BATCH_BYTES, ENV_TOKEN
+from wandb_funnel._logger.blobs import BlobWriter
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import (
     CONFIG,
@@ -37,6 +39,7 @@ from wandb_funnel._protocol.messages import (
     METRIC,
     SUMMARY,
     Ack,
+    Blob,
     Close,
     ConfigUpdate,
     Done,
@@ -130,6 +133,8 @@ class Fuzz:
             codec.encode_update(METRIC, {"name": "loss", "step_metric": "epoch"}, maxr),
             codec.encode_update(FILES, {"op": "save", "entries": [["a.txt", "1-1-00.txt"]],
                                         "policy": "now"}, maxr),
+            codec.encode_blob(Blob("1-2-00.png", 0, 6, b"abc")),
+            codec.encode_blob(Blob("1-2-00.png", 3, 6, b"def")),
             codec.encode_batch(0, [msgpack.packb((1, True, {"img": msgpack.ExtType(
                 MEDIA_EXT, msgpack.packb({"k": "file", "c": "Image", "s": {}, "f": "x.png"}))}))]),
             codec.encode_close(Close(fake, 0, 10.0)),
@@ -400,15 +405,18 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
 class Model:
     "What the logger must do with each frame of a peer that said a valid hello."
 
-    def __init__(self, fuzz: Fuzz) -> None:
+    def __init__(self, fuzz: Fuzz, shadow_dir: str) -> None:
         self.fuzz = fuzz
         self.next_seq = 0
         self.junk = self.rejected = self.records = self.gaps = self.updates = 0
         self.ended = False
         self.exit_code = 0
+        # Media chunks: the logger's writer, replayed on a staging directory of our own (this
+        # peer is the only one sending chunks, so the same frames meet the same files).
+        self.blobs = BlobWriter(shadow_dir)
 
     def counts(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k != "fuzz"}
+        return {k: v for k, v in vars(self).items() if k not in ("fuzz", "blobs")}
 
     def fresh_batch(self) -> bytes:
         rng, maxr = self.fuzz.rng, self.fuzz.maxr
@@ -443,6 +451,9 @@ class Model:
                 self.ended, self.exit_code = True, m.exit_code
         elif isinstance(m, (ConfigUpdate, SummaryUpdate, MetricUpdate, FilesUpdate)):
             self.updates += 1
+        elif isinstance(m, Blob):
+            if not self.blobs.write(m):
+                self.junk += 1
         else:  # Welcome, Ack, Done: the logger's own messages
             self.junk += 1
 
@@ -458,7 +469,8 @@ def known_peer(args: argparse.Namespace) -> None:
         rng = fuzz.rng
         funnel.log({"before": 1}, step=0)
         logger = psutil.Process(funnel.logger_pid)
-        model = Model(fuzz)
+        shadow = tempfile.TemporaryDirectory(prefix="fuzz-shadow-")  # removed at exit too
+        model = Model(fuzz, shadow.name)
         ctx = zmq.Context()
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
@@ -494,6 +506,7 @@ def known_peer(args: argparse.Namespace) -> None:
         p.start()
         p.join(60)
         report(kinds=dict(kinds), model=model.counts(), alive=alive(logger), code=p.exitcode)
+        shadow.cleanup()
     report(stats=funnel.stats)
 
 

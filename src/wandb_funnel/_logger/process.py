@@ -409,7 +409,8 @@ def main() -> int:
             start.address, _PEER_RCV_HWM, max_frame, start.topology.tcp_host, start.curve
         )
         receiver = Receiver(
-            sock, start.token, max_frame, _MAX_QUEUED_RECORDS, start.topology.first_auto_rank
+            sock, start.token, max_frame, _MAX_QUEUED_RECORDS, start.topology.first_auto_rank,
+            os.path.join(start.ipc_dir, MEDIA_DIR) if start.ipc_dir else None,
         )
         logger = Logger(start, receiver, open_sink)  # opens the run (but in run_mode="new")
     except BaseException as exc:

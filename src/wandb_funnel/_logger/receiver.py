@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from wandb_funnel._constants import BATCH_RECORDS, REMOTE_SILENCE
+from wandb_funnel._logger.blobs import BlobWriter
 from wandb_funnel._pid import pid_alive
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import (
     Ack,
+    Blob,
     Close,
     ConfigUpdate,
     FilesUpdate,
@@ -121,11 +123,13 @@ class Receiver(threading.Thread):
         max_frame: int,
         max_queued_records: int,
         first_auto_rank: int = 1,
+        staging: str | None = None,
     ) -> None:
         super().__init__(name="wandb-funnel-receiver", daemon=True)
         self._sock = sock
         self._token = token
         self._max_frame = max_frame
+        self.blobs = BlobWriter(staging)  # media bytes from ranks on other nodes
         self._host = socket.gethostname()
         self._peers: dict[bytes, _Peer] = {}
         self._used_ranks: set[int] = set()
@@ -271,6 +275,9 @@ class Receiver(threading.Thread):
             self.events.put(Update(peer.rank, "metric", message.data))
         elif isinstance(message, FilesUpdate):
             self.events.put(Update(peer.rank, "files", message.data))
+        elif isinstance(message, Blob):
+            if not self.blobs.write(message):
+                self.junk_frames += 1
         else:
             self.junk_frames += 1
 

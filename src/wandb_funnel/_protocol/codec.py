@@ -18,6 +18,7 @@ import msgpack
 
 from wandb_funnel._protocol.messages import (
     ACK,
+    BLOB,
     CLOSE,
     CONFIG,
     DONE,
@@ -31,6 +32,7 @@ from wandb_funnel._protocol.messages import (
     SUMMARY,
     WELCOME,
     Ack,
+    Blob,
     Close,
     ConfigUpdate,
     Done,
@@ -296,6 +298,13 @@ def encode_update(kind: int, data: dict[str, Any], max_record_bytes: int) -> byt
     return packed
 
 
+def encode_blob(blob: Blob) -> bytes:
+    return msgpack.packb(  # type: ignore[no-any-return]
+        (PROTOCOL_VERSION, BLOB, blob.name, blob.offset, blob.total, blob.data),
+        use_bin_type=True,
+    )
+
+
 def encode_goodbye(goodbye: Goodbye) -> bytes:
     return msgpack.packb(  # type: ignore[no-any-return]
         (PROTOCOL_VERSION, GOODBYE, goodbye.produced, goodbye.reason, goodbye.exit_code)
@@ -430,6 +439,13 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             if kind == FILES:
                 return FilesUpdate(body[0])
             return SummaryUpdate(body[0]) if kind == SUMMARY else MetricUpdate(body[0])
+        if kind == BLOB:
+            _want(len(body) == 4, "blob needs 4 fields")
+            name, offset, total, data = body
+            _want(type(name) is str and type(data) is bytes, "bad blob fields")
+            _want(_is_int(offset) and _is_int(total) and offset >= 0, "bad blob offset")
+            _want(offset + len(data) <= total <= MAX_STEP, "blob chunk past its total")
+            return Blob(name, offset, total, data)
         if kind == GOODBYE:
             _want(len(body) == 3 and _is_int(body[0]) and type(body[1]) is str, "bad goodbye")
             _want(body[0] >= 0 and _is_int(body[2]), "bad goodbye count or exit code")

@@ -22,6 +22,7 @@ GOODBYE: Final = 5
 CLOSE: Final = 6
 METRIC: Final = 7
 FILES: Final = 8  # log_artifact / save: files staged by name, see _worker/files.py
+BLOB: Final = 9  # a chunk of a media file, from a rank on another node (no shared disk)
 WELCOME: Final = 16
 DONE: Final = 17
 ACK: Final = 18
@@ -121,6 +122,17 @@ class FilesUpdate(NamedTuple):
     data: dict[str, Any]
 
 
+class Blob(NamedTuple):
+    """Bytes ``[offset, offset + len(data))`` of the staged file ``name`` (``total`` bytes in
+    all), sent ahead of the record that names it by a rank that cannot write to the logger's
+    disk. The logger writes ``name`` once its last chunk has arrived."""
+
+    name: str
+    offset: int
+    total: int
+    data: bytes
+
+
 class Goodbye(NamedTuple):
     """A stream ends; ``produced`` counts every record it ever numbered, sent or dropped.
 
@@ -166,6 +178,7 @@ Message = (
     | SummaryUpdate
     | MetricUpdate
     | FilesUpdate
+    | Blob
     | Goodbye
     | Close
     | Welcome

@@ -20,8 +20,11 @@ class FilesRefusedError(ValueError):
 
 
 def _stage(stager: Stager, path: str, staged: list[str]) -> str:
-    if stager.directory is None:
-        raise FilesRefusedError(stager.why_not)
+    if stager.directory is None:  # another node: a checkpoint is not sent as bytes
+        raise FilesRefusedError(
+            "this rank is on another node than the logger; artifacts and saved files do not "
+            "cross nodes yet"
+        )
     return stager.stage_file(path, os.path.splitext(path)[1], staged, checked=False)
 
 

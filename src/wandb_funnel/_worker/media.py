@@ -399,9 +399,18 @@ class Stager:
     that is then refused can be removed (``rollback``).
     """
 
-    def __init__(self, directory: str | None, max_bytes: int, why_not: str = "") -> None:
+    def __init__(
+        self,
+        directory: str | None,
+        max_bytes: int,
+        why_not: str = "",
+        send_blob: Callable[[str, bytes], bool] | None = None,
+    ) -> None:
         self.pid = os.getpid()
-        self.directory = directory  # None: no staging here (another node): media are dropped
+        # None: no shared disk with the logger (another node): files are sent as bytes
+        # through ``send_blob`` (the stream's), or, without one, dropped for ``why_not``.
+        self.directory = directory
+        self._send_blob = send_blob
         self.why_not = why_not
         self.max_bytes = max_bytes
         self._inflight: deque[tuple[str, int]] = deque()  # (path, size), oldest first
@@ -429,7 +438,9 @@ class Stager:
         if size > self.max_bytes:
             raise _too_big("media item", size, self.max_bytes)
         if self.directory is None:
-            raise _DroppedError(self.why_not)
+            if self._send_blob is None:
+                raise _DroppedError(self.why_not)
+            return  # bounded by the connection's queue: see _sent
         if not self._room(size):
             raise _DroppedError(
                 f"{self._inflight_bytes} bytes of media are waiting for the logger "
@@ -442,8 +453,20 @@ class Stager:
             self._inflight_bytes += size
         staged.append(path)
 
+    def _sent(self, data: bytes, ext: str) -> str:
+        """``data`` sent to the logger as a file of its own staging directory."""
+        assert self._send_blob is not None
+        with self._lock:
+            self._seq += 1
+            name = f"{os.getpid()}-{self._seq}-{os.urandom(4).hex()}{ext}"
+        if not self._send_blob(name, data):
+            raise _DroppedError("the connection to the logger is full (or closed)")
+        return name
+
     def stage_bytes(self, data: bytes, ext: str, staged: list[str]) -> str:
         self._check(len(data))
+        if self.directory is None:
+            return self._sent(data, ext)
         name, path = self._new_path(ext)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
@@ -457,6 +480,9 @@ class Stager:
         size = os.path.getsize(source)
         if checked:
             self._check(size)
+        if self.directory is None:
+            with open(source, "rb") as f:
+                return self._sent(f.read(), ext)
         name, path = self._new_path(ext)
         try:
             os.link(source, path)  # same filesystem: no copy

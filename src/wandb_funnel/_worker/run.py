@@ -259,8 +259,7 @@ class Run:
             stager = self._stager = media.Stager(
                 directory,
                 self._info.max_media_bytes,
-                "" if directory else "this rank is on another node than the logger, and media "
-                "files do not cross nodes yet",
+                send_blob=None if directory else self._live_stream().send_blob,
             )
         return stager
 

@@ -31,7 +31,7 @@ from wandb_funnel._constants import (
     SEND_HWM,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Ack, Goodbye, Hello, Welcome
+from wandb_funnel._protocol.messages import Ack, Blob, Goodbye, Hello, Welcome
 from wandb_funnel._protocol.sockets import STREAM_PREFIX, ClientSocket, term_process_context
 from wandb_funnel._worker import lifecycle
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
@@ -135,6 +135,21 @@ class Stream:
                         f"(queue full or logger gone); dropping and counting them"
                     )
                 timeout = 0.0  # what is left is numbered and counted now, not waited for
+
+    def send_blob(self, name: str, data: bytes) -> bool:
+        """Send a media file's bytes in chunks, ahead of the record that names it (this
+        process's records leave in batches later, so the logger has the file first). Never
+        waits: False as soon as a chunk finds the queue full (the media is then dropped)."""
+        with self._lock:
+            if self.closed:
+                return False
+            for offset in range(0, max(len(data), 1), BATCH_BYTES):
+                chunk = data[offset:offset + BATCH_BYTES]
+                frame = codec.encode_blob(Blob(name, offset, len(data), chunk))
+                if not self._sock.try_send(frame):
+                    return False
+            self._last_sent = time.monotonic()
+            return True
 
     def send_control(self, frame: bytes) -> bool:
         """Send a config/summary update after everything logged before it."""

@@ -1,0 +1,52 @@
+"""Media files that arrive as bytes: chunks from ranks on other nodes, written into the
+logger's staging directory by the receiver thread, ahead of the records that name them.
+
+A file is written as ``name.part`` and renamed to ``name`` when its last chunk lands, so a
+half-sent file is never taken for a whole one (a record naming it finds it missing: counted,
+the row kept). What a rank never finished sending stays as ``.part`` until the staging folder
+goes with the socket directory at close.
+"""
+
+from __future__ import annotations
+
+import os
+
+from wandb_funnel._protocol.messages import Blob
+
+
+class BlobWriter:
+    """Writes chunks into ``directory``; called from the receiver thread only."""
+
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory
+        self.bytes = 0  # accepted
+        self.files = 0  # completed
+
+    def write(self, blob: Blob) -> bool:
+        """Write one chunk; False for a chunk that cannot be taken (no staging directory, a
+        name that is not a plain name, a first chunk for a file that exists, a later chunk
+        for a file never begun)."""
+        name = blob.name
+        if self.directory is None or not name or os.path.basename(name) != name \
+                or name[0] == "." or name.endswith(".part"):
+            return False
+        part = os.path.join(self.directory, name + ".part")
+        try:
+            if blob.offset == 0:
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                if os.path.exists(os.path.join(self.directory, name)):
+                    return False
+                fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            else:
+                fd = os.open(part, os.O_WRONLY)
+            try:
+                os.pwrite(fd, blob.data, blob.offset)
+            finally:
+                os.close(fd)
+            if blob.offset + len(blob.data) == blob.total:
+                os.rename(part, os.path.join(self.directory, name))
+                self.files += 1
+        except OSError:
+            return False
+        self.bytes += len(blob.data)
+        return True
