@@ -295,3 +295,23 @@ def test_the_logger_takes_chunks_only_for_plain_new_names(tmp_path: pathlib.Path
     assert not writer.write(Blob("a.png", 0, 2, b"cd"))  # exists: never overwritten
     assert (tmp_path / "a.png").read_bytes() == b"ab"
     assert BlobWriter(None).write(Blob("b.png", 0, 1, b"b")) is False
+
+
+@pytest.mark.parametrize("make", [
+    lambda rng: rng.integers(0, 256, (6, 5), dtype=np.uint8),  # 2-D: grayscale
+    lambda rng: rng.integers(0, 256, (6, 5, 1), dtype=np.uint8),  # one channel
+    lambda rng: rng.integers(0, 256, (6, 5, 3), dtype=np.uint8),  # RGB
+    lambda rng: rng.integers(0, 256, (6, 5, 4), dtype=np.uint8),  # RGBA
+    lambda rng: rng.random((6, 5, 3)) * 255,  # floats, taken as 0-255 as wandb takes them
+    lambda rng: __import__("torch").from_numpy(rng.random((3, 6, 5)) * 255),  # CHW tensor
+    lambda rng: __import__("torch").from_numpy(rng.integers(0, 256, (3, 6, 5), dtype=np.uint8)),
+], ids=["2d", "1ch", "rgb", "rgba", "float", "tensor", "tensor-uint8"])
+def test_a_light_image_is_the_very_png_wandb_image_makes(make: Any) -> None:
+    """Same bytes (so the same hash, and the same file name in the run) as wandb.Image."""
+    import wandb
+
+    data = make(np.random.default_rng(3))
+    light, theirs = wf.Image(data), wandb.Image(data)
+    assert (light.width, light.height, light.format) == \
+        (theirs._width, theirs._height, theirs.format)
+    assert light._sha == theirs._sha256 and light._size == theirs._size
