@@ -31,6 +31,9 @@ class RecordingSink:
     def define_metric(self, data: dict[str, Any]) -> None:
         pass
 
+    def output(self, stream: str, text: str, timestamp: float) -> None:
+        pass
+
     def info(self) -> dict[str, Any]:
         return {}
 

@@ -46,6 +46,12 @@ DEFAULT_MAX_MEDIA_BYTES: Final = 256 * 1024 * 1024
 # Media a process has staged that the logger has not taken yet: past this, a media value is
 # dropped and counted (funnel/dropped_media) rather than fill the disk or wait on the logger.
 MEDIA_INFLIGHT_BYTES: Final = 1024 * 1024 * 1024
+# Console capture (every rank's stdout and stderr into the Logs tab): per process, lines a
+# second and at once, and text waiting to be sent; past them a line is dropped and counted.
+CONSOLE_LINES_PER_S: Final = 1_000
+CONSOLE_BURST: Final = 10_000
+CONSOLE_PENDING_CHARS: Final = 4 * 1024 * 1024
+ENV_CONSOLE: Final = "WANDB_FUNNEL_CONSOLE"  # "0": the owner's settings say console="off"
 # The staging directory: this name inside the funnel's private (0700) socket directory.
 MEDIA_DIR: Final = "media"
 DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank

@@ -82,14 +82,29 @@ def settings_to_dict(settings: Any) -> dict[str, Any]:
 class WandbSink:
     """Owns one wandb run in the logger process."""
 
-    def __init__(self, init_kwargs: dict[str, Any], step_key: str) -> None:
+    def __init__(
+        self, init_kwargs: dict[str, Any], step_key: str, program: dict[str, Any] | None = None
+    ) -> None:
+        import sys
+
         import wandb
 
         kwargs = dict(init_kwargs)
         settings = settings_to_dict(kwargs.pop("settings", None))
-        # The logger owns the run and has no console worth capturing; a short transaction-log
+        if program:
+            # The run records the user's program and arguments, as if the owner had called
+            # wandb.init: wandb reads them from WANDB_PROGRAM (unless the user set it, or
+            # settings.program) and from sys.argv, which is the logger's own to set.
+            if program.get("program") and "program" not in settings:
+                # As the user would say it: wandb derives the code paths from it at init.
+                os.environ.setdefault("WANDB_PROGRAM", program["program"])
+            sys.argv[1:] = [str(a) for a in program.get("args") or []]
+        # The ranks' console comes in as text (``output``), recorded as wandb's own capture
+        # records it: wrap_raw, so that wandb-core writes output.log (with "off" it does not).
+        # The logger prints nothing of its own but its diagnostics. A short transaction-log
         # flush bounds what a crash of the logger or of wandb-core can lose to about a second.
-        settings.setdefault("console", "off")
+        self.console = settings.get("console") != "off" and os.environ.get("WANDB_CONSOLE") != "off"
+        settings["console"] = "wrap_raw" if self.console else "off"
         settings.setdefault("x_transaction_log_flush_interval", TRANSACTION_LOG_FLUSH_INTERVAL)
         if "mode" not in kwargs and "WANDB_MODE" not in os.environ:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
@@ -114,6 +129,18 @@ class WandbSink:
 
     def define_metric(self, data: dict[str, Any]) -> None:
         self.run.define_metric(**data)
+
+    def output(self, stream: str, text: str, timestamp: float) -> None:
+        """An ``output_raw`` record, as wandb's console capture writes one, with the time the
+        rank wrote the text (wandb's private interface: there is no public way in)."""
+        from wandb.proto import wandb_internal_pb2 as pb
+
+        kind = pb.OutputRawRecord.OutputType  # type: ignore[attr-defined]
+        record = pb.OutputRawRecord(  # type: ignore[attr-defined]
+            output_type=kind.STDERR if stream == "stderr" else kind.STDOUT, line=text
+        )
+        record.timestamp.FromNanoseconds(int(timestamp * 1e9))
+        self.run._interface._publish_output_raw(record, nowait=False)  # type: ignore[union-attr]
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

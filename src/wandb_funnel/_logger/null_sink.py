@@ -26,6 +26,9 @@ class NullSink:
     def define_metric(self, data: dict[str, Any]) -> None:
         pass
 
+    def output(self, stream: str, text: str, timestamp: float) -> None:
+        pass
+
     def info(self) -> dict[str, Any]:
         return {"id": self.run_id}
 

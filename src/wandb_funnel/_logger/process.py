@@ -235,7 +235,7 @@ class Logger:
         elif isinstance(event, Ended):
             self._ended(event)
         elif isinstance(event, Update):
-            self._writer_for(event.rank).update(event.kind, event.data)
+            self._writer_for(event.rank).update(event.kind, event.data, event.rank)
         elif isinstance(event, CloseAsked) and self._closing is None:
             self._begin_close(event.exit_code, event.budget, "closed by the owner", event.at)
 
@@ -314,6 +314,8 @@ class Logger:
             "funnel/dropped_media": sum(c.media.dropped for c in writers),
             "funnel/files": sum(c.media.files for c in writers),
             "funnel/dropped_files": sum(c.media.dropped_files for c in writers),
+            "funnel/console_lines": sum(c.console.lines for c in writers),
+            "funnel/dropped_console_lines": sum(c.console.dropped for c in writers),
         }
 
     def _closing_step(self, step: str) -> None:
@@ -403,7 +405,7 @@ def main() -> int:
                 return NullSink(kwargs["id"])
             from wandb_funnel._wandb import WandbSink  # here: the null sink never loads wandb
 
-            return WandbSink(kwargs, start.options.step_key)
+            return WandbSink(kwargs, start.options.step_key, start.program)
 
         sock = LoggerSocket(
             start.address, _PEER_RCV_HWM, max_frame, start.topology.tcp_host, start.curve

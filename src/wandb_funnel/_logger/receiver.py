@@ -28,6 +28,7 @@ from wandb_funnel._protocol.messages import (
     Blob,
     Close,
     ConfigUpdate,
+    ConsoleUpdate,
     FilesUpdate,
     Goodbye,
     Hello,
@@ -76,7 +77,7 @@ class Records:
 @dataclass(frozen=True, slots=True)
 class Update:
     rank: int
-    kind: str  # "config", "summary", "metric" (define_metric) or "files"
+    kind: str  # "config", "summary", "metric" (define_metric), "files" or "console"
     data: dict[str, Any]
 
 
@@ -275,6 +276,8 @@ class Receiver(threading.Thread):
             self.events.put(Update(peer.rank, "metric", message.data))
         elif isinstance(message, FilesUpdate):
             self.events.put(Update(peer.rank, "files", message.data))
+        elif isinstance(message, ConsoleUpdate):
+            self.events.put(Update(peer.rank, "console", message.data))
         elif isinstance(message, Blob):
             if not self.blobs.write(message):
                 self.junk_frames += 1

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from wandb_funnel._logger.console import ConsoleLines
 from wandb_funnel._logger.media import MediaFiles, has_media
 from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.receiver import log_to_stderr
@@ -32,6 +33,7 @@ class RunWriter:
     ) -> None:
         self.sink = sink
         self.media = media or MediaFiles(None)
+        self.console = ConsoleLines()
         self.order = order
         self._builder = builder
         self.name = name
@@ -76,9 +78,12 @@ class RunWriter:
         self._broken = "out of time"
         log_to_stderr(f"{self.name}: out of time to write rows; counting the rest as dropped")
 
-    def update(self, kind: str, data: dict[str, Any]) -> None:
+    def update(self, kind: str, data: dict[str, Any], rank: int = 0) -> None:
         if kind == "files":  # staged files: the writer's media takes them, and cleans up
             self.media.log_files(data, self.sink)
+            return
+        if kind == "console":
+            self.console.take(rank, data, self.sink if self._broken is None else None)
             return
         if self.sink is None:
             return
@@ -128,6 +133,7 @@ class RunWriter:
         step_done(f"{self.name}: buffered rows done ({written} records written, {counted} counted)")
         if self._broken == "out of time":
             self._broken = None  # rows stopped; the summary and finish still go
+        self.console.flush(self.sink if self._broken is None else None)
         summary = {
             **extra,
             "funnel/records": self.records,

@@ -17,6 +17,9 @@ class Sink(Protocol):
 
     def update_summary(self, data: dict[str, Any]) -> None: ...
 
+    def output(self, stream: str, text: str, timestamp: float) -> None:
+        """Console text (``stream`` is "stdout" or "stderr"), as wandb's capture records it."""
+
     def define_metric(self, data: dict[str, Any]) -> None:
         """``run.define_metric(**data)``, as a rank asked for it."""
 

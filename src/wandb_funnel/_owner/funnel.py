@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -33,6 +34,21 @@ _TEARDOWN_TIMEOUT = 2.0  # seconds an exiting owner waits for wandb-core to shut
 
 # `_wandb` is imported inside the functions that use it: it loads `secrets` (hashlib, OpenSSL),
 # and every worker imports this module through the package without ever needing it.
+
+
+def user_program() -> dict[str, Any]:
+    """What wandb.init would record as this process's program and arguments (wandb's own
+    rule: ``__main__.__file__``, or ``-m module``), for the logger's run to record instead of
+    its own ``-m wandb_funnel._logger``."""
+    import __main__
+
+    program: str | None
+    try:
+        spec = getattr(__main__, "__spec__", None)
+        program = __main__.__file__ if spec is None else f"-m {spec.name}"
+    except AttributeError:  # an interactive interpreter: wandb records none either
+        program = None
+    return {"program": program, "args": list(sys.argv[1:])}
 
 
 def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -107,6 +123,10 @@ class Funnel:
             wandb_init_kwargs["id"] = generate_run_id()
         self._init_kwargs = _portable_init_kwargs(wandb_init_kwargs)
         self._run_id: str = self._init_kwargs["id"]
+        settings = self._init_kwargs.get("settings")
+        # Every rank's console goes to the run unless the user said console="off".
+        self._console = not (isinstance(settings, dict) and settings.get("console") == "off") \
+            and os.environ.get("WANDB_CONSOLE") != "off"
         self._logger: LoggerProcess | None = None
         self._address: str | None = None
         self._ipc_dir: str | None = None
@@ -177,6 +197,7 @@ class Funnel:
             topology=self.topology,
             init_kwargs=self._init_kwargs,
             curve=self._curve,
+            program=user_program(),
         )
         try:
             self._logger, ready = LoggerProcess.spawn(start, ready_r, self.options.start_timeout)
@@ -189,6 +210,8 @@ class Funnel:
         self._run = Run(
             self.attach_info(), requested_rank=self.topology.owner_rank, on_finish=self._finished
         )
+        if self._console:
+            self._run._live_stream()  # the owner's prints reach the run from the start
         self._run.config._seed(self._init_kwargs.get("config") or {})  # the run opened with it
         lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
         _current.adopt(self._run)
@@ -206,6 +229,7 @@ class Funnel:
             client_curve(self._curve) if self._curve else None,
             self._run_info,
             self.options.max_media_bytes,
+            self._console,
         )
 
     def _export_env(self) -> None:

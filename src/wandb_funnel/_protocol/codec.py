@@ -21,6 +21,7 @@ from wandb_funnel._protocol.messages import (
     BLOB,
     CLOSE,
     CONFIG,
+    CONSOLE,
     DONE,
     FILES,
     GOODBYE,
@@ -35,6 +36,7 @@ from wandb_funnel._protocol.messages import (
     Blob,
     Close,
     ConfigUpdate,
+    ConsoleUpdate,
     Done,
     FilesUpdate,
     Goodbye,
@@ -56,7 +58,8 @@ MAX_BATCH_RECORDS: Final = 1 << 20
 # far deeper than any metrics dict and far below both limits (docs/DESIGN.md, "Wire").
 MAX_NESTING: Final = 256
 _UPDATE_NAMES: Final = {
-    CONFIG: "config", SUMMARY: "summary", METRIC: "define_metric", FILES: "files"
+    CONFIG: "config", SUMMARY: "summary", METRIC: "define_metric", FILES: "files",
+    CONSOLE: "console",
 }
 
 
@@ -438,6 +441,8 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
                 return ConfigUpdate(body[0])
             if kind == FILES:
                 return FilesUpdate(body[0])
+            if kind == CONSOLE:
+                return ConsoleUpdate(body[0])
             return SummaryUpdate(body[0]) if kind == SUMMARY else MetricUpdate(body[0])
         if kind == BLOB:
             _want(len(body) == 4, "blob needs 4 fields")

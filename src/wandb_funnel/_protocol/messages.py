@@ -23,6 +23,7 @@ CLOSE: Final = 6
 METRIC: Final = 7
 FILES: Final = 8  # log_artifact / save: files staged by name, see _worker/files.py
 BLOB: Final = 9  # a chunk of a media file, from a rank on another node (no shared disk)
+CONSOLE: Final = 10  # a process's stdout/stderr writes, see _worker/console.py
 WELCOME: Final = 16
 DONE: Final = 17
 ACK: Final = 18
@@ -122,6 +123,13 @@ class FilesUpdate(NamedTuple):
     data: dict[str, Any]
 
 
+class ConsoleUpdate(NamedTuple):
+    """What a process wrote to stdout and stderr: ``{"lines": [[fd, unix time, text], ...],
+    "dropped": lines left out by its bound}`` (the text as written: not split into lines)."""
+
+    data: dict[str, Any]
+
+
 class Blob(NamedTuple):
     """Bytes ``[offset, offset + len(data))`` of the staged file ``name`` (``total`` bytes in
     all), sent ahead of the record that names it by a rank that cannot write to the logger's
@@ -178,6 +186,7 @@ Message = (
     | SummaryUpdate
     | MetricUpdate
     | FilesUpdate
+    | ConsoleUpdate
     | Blob
     | Goodbye
     | Close
@@ -201,6 +210,8 @@ class LoggerStart(NamedTuple):
     topology: Topology
     init_kwargs: dict[str, Any]
     curve: dict[str, str] | None = None  # the server's CURVE keys, when listening on TCP
+    # The owner's program and arguments: the run records the user's script, not the logger.
+    program: dict[str, Any] | None = None
 
     @property
     def run_id(self) -> str:
@@ -226,6 +237,7 @@ class LoggerStart(NamedTuple):
                 topology=Topology.from_wire(data["topology"]),
                 init_kwargs=dict(data["init_kwargs"]),
                 curve=data["curve"],
+                program=data.get("program"),
             )
             _ = start.run_id
         except (KeyError, TypeError, ValueError) as exc:

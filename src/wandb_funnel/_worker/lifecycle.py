@@ -264,6 +264,13 @@ def _at_process_exit() -> None:
     work (a Queue's feeder join, daemon children's terminate)."""
     global _deferred_exit
     if os.getpid() == _exit_hook_pid:
+        # Process's bootstrap prints a target's traceback only after these finalizers, when
+        # this rank's stream is closed: the console copy gets it now (it propagates here).
+        raised = sys.exc_info()[1]
+        if raised is not None and not isinstance(raised, SystemExit):
+            from wandb_funnel._worker import console
+
+            console.note_traceback(raised, multiprocessing.current_process().name)
         try:
             run_shutdown_callbacks(_exit_code_now(), "interpreter exit")
         except (SystemExit, KeyboardInterrupt) as exc:

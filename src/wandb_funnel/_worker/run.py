@@ -14,6 +14,7 @@ from wandb_funnel._constants import (
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
     ENV_ADDRESS,
+    ENV_CONSOLE,
     ENV_CURVE,
     ENV_HOST,
     ENV_LOGGER_PID,
@@ -27,7 +28,7 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY
-from wandb_funnel._worker import files, media
+from wandb_funnel._worker import console, files, media
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
 from wandb_funnel._worker.run_data import Config, Summary
 from wandb_funnel._worker.stream import Stream
@@ -46,6 +47,7 @@ class AttachInfo(NamedTuple):
     curve: dict[str, str] | None = None  # client CURVE keys, when the logger listens on TCP
     run_info: dict[str, Any] | None = None  # the open run's name, project, dir, url, ...
     max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
+    console: bool = True  # copy this process's stdout/stderr to the run (console != "off")
 
     def to_env(self) -> dict[str, str]:
         """The WANDB_FUNNEL_* variables that let processes started later attach."""
@@ -55,6 +57,7 @@ class AttachInfo(NamedTuple):
             ENV_RUN_ID: self.run_id,
             ENV_MAX_RECORD_BYTES: str(self.max_record_bytes),
             ENV_MAX_MEDIA_BYTES: str(self.max_media_bytes),
+            ENV_CONSOLE: "1" if self.console else "0",
         }
         if self.logger_pid is not None:
             env[ENV_LOGGER_PID] = str(self.logger_pid)
@@ -86,6 +89,7 @@ class AttachInfo(NamedTuple):
             curve=json.loads(curve) if curve else None,
             run_info=json.loads(run_info) if run_info else None,
             max_media_bytes=int(environ.get(ENV_MAX_MEDIA_BYTES, DEFAULT_MAX_MEDIA_BYTES)),
+            console=environ.get(ENV_CONSOLE, "1") != "0",
         )
 
 
@@ -411,6 +415,8 @@ class Run:
             )
             if inherited:
                 self._step = 0
+            if self._info.console and os.environ.get("WANDB_CONSOLE") != "off":
+                console.start(stream)  # this process's prints reach the run from here on
         return stream
 
     # -- the end -------------------------------------------------------------------------------

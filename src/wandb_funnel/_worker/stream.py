@@ -33,7 +33,7 @@ from wandb_funnel._constants import (
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Ack, Blob, Goodbye, Hello, Welcome
 from wandb_funnel._protocol.sockets import STREAM_PREFIX, ClientSocket, term_process_context
-from wandb_funnel._worker import lifecycle
+from wandb_funnel._worker import console, lifecycle
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
 _HOSTNAME = socket.gethostname()
@@ -151,6 +151,16 @@ class Stream:
             self._last_sent = time.monotonic()
             return True
 
+    def send_console(self, frame: bytes) -> bool:
+        """Send this process's console text (``console.pump``); never waits."""
+        with self._lock:
+            if self.closed:
+                return False
+            sent = self._sock.try_send(frame)
+            if sent:
+                self._last_sent = time.monotonic()
+            return sent
+
     def send_control(self, frame: bytes) -> bool:
         """Send a config/summary update after everything logged before it."""
         with self._lock:
@@ -210,6 +220,7 @@ class Stream:
                 return max(0.0, deadline - time.monotonic()) if alive else 0.0
 
             self._send_batch(left())
+            console.pump(self)  # what this process printed last (a traceback) goes first
             goodbye = codec.encode_goodbye(Goodbye(self._seq, reason, exit_code))
             said_goodbye = self._sock.send_within(goodbye, left())
             received = self._await_ack(deadline) if said_goodbye and alive else None
@@ -353,6 +364,7 @@ def _flush_loop(stop: threading.Event) -> None:
         for stream in streams:
             try:
                 stream.flush_if_stale(now)
+                console.pump(stream)
             except Exception as exc:  # never let the flusher die silently
                 print(f"wandb-funnel: flusher: {exc!r}", file=sys.stderr)
 

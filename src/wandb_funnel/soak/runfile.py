@@ -31,6 +31,8 @@ class WandbRun:
     artifacts: list[dict[str, Any]] = field(default_factory=list)  # the artifact records
     files: list[str] = field(default_factory=list)  # paths the files records name
     record_types: dict[str, int] = field(default_factory=dict)  # how many of each kind
+    output_raw: list[dict[str, Any]] = field(default_factory=list)  # console records
+    environment: dict[str, Any] = field(default_factory=dict)  # program, args, host, ...
 
     def count_cells(self, pattern: str) -> int:
         """How many history cells have a key matching ``pattern`` (a full-match regex)."""
@@ -83,6 +85,10 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             run.config.update(rec["config"].get("update", {}))
         elif kind == "metric":
             run.metrics.append(rec["metric"])
+        elif kind == "output_raw":
+            run.output_raw.append(rec["output_raw"])
+        elif kind == "environment":
+            run.environment.update(rec["environment"])
         elif kind == "artifact":
             run.artifacts.append(rec["artifact"])
         elif kind == "files":

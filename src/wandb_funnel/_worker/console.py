@@ -1,0 +1,169 @@
+"""This process's stdout and stderr, copied to the run's Logs tab: print, logging, warnings,
+tracebacks (a rank that crashes included), as plain wandb captures rank 0's.
+
+``sys.stdout.write`` and ``sys.stderr.write`` are wrapped, as wandb's own ``wrap_raw`` capture
+does (``wandb/sdk/lib/console_capture.py``): the text goes to the terminal first, unchanged,
+then a copy joins this process's pending console text. The stream that carries it (the first
+of this process) sends it to the logger on its flusher thread, and before its goodbye at exit
+(so a crashing rank's traceback, printed before the exit hooks run, gets there). The logger
+cuts it into lines and labels them with the rank (``_logger/console.py``).
+
+Bounded, never blocking: a line is kept or dropped whole, when it starts, against a budget of
+``CONSOLE_LINES_PER_S`` lines a second (``CONSOLE_BURST`` at once) and ``CONSOLE_PENDING_CHARS``
+of text waiting; a dropped line is counted (``funnel/dropped_console_lines``), as are lines
+whose frame found the logger's queue full. The copy is all a write pays.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from wandb_funnel._constants import CONSOLE_BURST, CONSOLE_LINES_PER_S, CONSOLE_PENDING_CHARS
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import CONSOLE
+
+_MARK = "__wandb_funnel_console__"
+_MAX_FRAME_TEXT = 16 * 1024 * 1024
+
+# A signal handler that prints may interrupt a write on the same thread: re-entrant.
+_lock = threading.RLock()
+_pending: list[list[Any]] = []  # [fd, unix time, text]
+_pending_chars = 0
+_dropped = 0  # lines left out, not yet reported
+_tokens = float(CONSOLE_BURST)
+_refilled = time.monotonic()
+_mode = {1: "start", 2: "start"}  # per fd: at a line's start, in a kept line, in a dropped one
+_carrier: Any = None  # the Stream that sends this process's console
+
+
+def start(stream: Any) -> None:
+    """Capture this process's console from now on (idempotent), sent by ``stream`` unless an
+    open stream of this process already carries it."""
+    global _carrier
+    _patch(sys.stdout, 1)
+    _patch(sys.stderr, 2)
+    with _lock:
+        if _carrier is None or _carrier.closed or _carrier.pid != os.getpid():
+            _carrier = stream
+
+
+def _patch(target: Any, fd: int) -> None:
+    if target is None:
+        return
+    write = getattr(target, "write", None)
+    if write is None or getattr(write, _MARK, False):
+        return  # already ours (this process, or inherited through fork)
+
+    def tee(text: Any, /) -> Any:
+        written = write(text)
+        try:
+            _capture(fd, text)
+        except Exception:  # the console copy must never be what breaks a print
+            pass
+        return written
+
+    setattr(tee, _MARK, True)
+    try:
+        target.write = tee
+    except (AttributeError, TypeError):
+        pass  # a stream object that cannot take it: its output is not copied
+
+
+def _capture(fd: int, text: Any) -> None:
+    global _pending_chars, _dropped
+    if not isinstance(text, str):
+        if not isinstance(text, (bytes, bytearray)):
+            return
+        text = bytes(text).decode("utf-8", "replace")
+    if not text:
+        return
+    now = time.time()
+    with _lock:
+        keep = ""
+        mode = _mode[fd]
+        if mode != "start":  # the rest of a line already decided on
+            end = text.find("\n")
+            head, text = (text, "") if end < 0 else (text[: end + 1], text[end + 1:])
+            if mode == "keep":
+                keep = head
+            elif end >= 0:
+                _dropped += 1
+            _mode[fd] = mode if end < 0 else "start"
+        if text:
+            lines = text.count("\n")
+            partial = not text.endswith("\n")
+            if _afford(lines + partial, len(keep) + len(text)):
+                keep += text
+                _mode[fd] = "keep" if partial else "start"
+            else:
+                _dropped += lines
+                _mode[fd] = "drop" if partial else "start"
+        if keep:
+            _pending.append([fd, now, keep])
+            _pending_chars += len(keep)
+
+
+def note_traceback(exc: BaseException, process_name: str) -> None:
+    """Add the traceback multiprocessing will print for ``exc`` to the console copy only (the
+    terminal gets it from multiprocessing, after this process's stream has closed)."""
+    import traceback
+
+    if _carrier is None:
+        return
+    text = f"Process {process_name}:\n" + "".join(traceback.format_exception(exc))
+    _capture(2, text)
+
+
+def _afford(lines: int, chars: int) -> bool:
+    """Whether the budget takes ``lines`` more lines now (caller holds the lock)."""
+    global _tokens, _refilled
+    now = time.monotonic()
+    _tokens = min(float(CONSOLE_BURST), _tokens + (now - _refilled) * CONSOLE_LINES_PER_S)
+    _refilled = now
+    if _tokens < lines or _pending_chars + chars > CONSOLE_PENDING_CHARS:
+        return False
+    _tokens -= lines
+    return True
+
+
+def _take() -> tuple[list[list[Any]], int]:
+    global _pending, _pending_chars, _dropped
+    with _lock:
+        taken, dropped = _pending, _dropped
+        _pending, _pending_chars, _dropped = [], 0, 0
+    return taken, dropped
+
+
+def pump(stream: Any) -> None:
+    """Send what this process wrote since the last pump, if ``stream`` carries it. Never
+    waits: a frame the logger's queue cannot take now is counted as dropped lines."""
+    global _dropped
+    if stream is not _carrier:
+        return
+    lines, dropped = _take()
+    if not lines and not dropped:
+        return
+    frame = codec.encode_update(CONSOLE, {"lines": lines, "dropped": dropped}, _MAX_FRAME_TEXT)
+    if not stream.send_console(frame):
+        lost = sum(item[2].count("\n") for item in lines) + dropped
+        with _lock:
+            _dropped += lost
+
+
+def carrier() -> Any:
+    return _carrier
+
+
+def _reset_in_child() -> None:
+    # A forked child keeps the wrapped writes; its console goes with a stream of its own.
+    global _lock, _pending, _pending_chars, _dropped, _carrier
+    _lock = threading.RLock()
+    _pending, _pending_chars, _dropped, _carrier = [], 0, 0, None
+    _mode[1] = _mode[2] = "start"
+
+
+os.register_at_fork(after_in_child=_reset_in_child)

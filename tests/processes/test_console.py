@@ -1,0 +1,105 @@
+"""Every rank's console in the run's Logs tab (issue 14), and the run's program: real torchrun
+with 2 ranks, the ``.wandb`` file read back, compared with plain wandb in rank 0."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.conftest import PROGRAMS, Scripts, leftover_processes, reports
+from tests.wandb_reader import WandbRun, only_run
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+
+
+def _torchrun(scripts: Scripts, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TORCHRUN, str(PROGRAMS / "console.py"), *args],
+        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=200,
+        check=False,
+    )
+
+
+def _console(run: WandbRun) -> str:
+    return "".join(r["line"] for r in run.output_raw)
+
+
+def _run(scripts: Scripts, *args: str) -> tuple[subprocess.CompletedProcess[str], WandbRun]:
+    proc = _torchrun(scripts, *args)
+    run = only_run(scripts.wandb_dir)
+    assert leftover_processes(scripts.mark) == []
+    return proc, run
+
+
+def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_script(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Both ranks' prints, stderr lines, warnings, logging records and a \\r progress bar are
+    in the run's output_raw records, each line labelled with its rank, and each rank's lines
+    in the order it wrote them; the terminal still shows them unlabelled; the run records the
+    user's script and arguments, as plain wandb in rank 0 does, and every record type plain
+    wandb writes."""
+    proc, run = _run(scripts, "talk")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    console = _console(run)
+    for rank in (0, 1):
+        for text in (f"stdout line of rank {rank}\n", f"stderr line of rank {rank}\n",
+                     f"UserWarning: a warning of rank {rank}",
+                     f"WARNING train: a logging record of rank {rank}\n",
+                     f"\r[rank {rank}] progress 2/3 of rank {rank}"):
+            assert f"[rank {rank}] {text}" in console or text in console, (text, console)
+        mine = [line for line in console.replace("\r", "\n").splitlines()
+                if line.startswith(f"[rank {rank}] ")]
+        order = [i for i, line in enumerate(mine)
+                 if "stdout line" in line or "progress 2" in line]
+        assert len(order) == 2 and order == sorted(order)
+    assert "[rank 0] " not in proc.stdout and "stdout line of rank 0" in proc.stdout
+    streams = {r["output_type"] for r in run.output_raw}
+    assert streams == {"STDOUT", "STDERR"}
+    assert run.summary["funnel/console_lines"] >= 12
+    assert run.summary["funnel/dropped_console_lines"] == 0
+
+    _, plain = _run(Scripts(tmp_path_factory.mktemp("plain")), "talk", "--plain")
+    assert run.environment["program"] == plain.environment["program"]
+    assert run.environment["program"].endswith("console.py")
+    same = ("program", "code_path", "code_path_local", "executable", "python")
+    assert {k: run.environment.get(k) for k in same} == \
+        {k: plain.environment.get(k) for k in same}, (run.environment, plain.environment)
+    assert run.environment["args"] == ["talk"] and plain.environment["args"] == ["talk", "--plain"]
+    assert run.environment["root"] == str(scripts.tmp_path)  # the user's working directory
+    missing = set(plain.record_types) - set(run.record_types)
+    assert not missing, (plain.record_types, run.record_types)
+
+
+def test_the_traceback_of_a_rank_that_raises_is_in_the_run(scripts: Scripts) -> None:
+    proc, run = _run(scripts, "raise")
+    assert proc.returncode != 0
+    console = _console(run)
+    # torch.distributed's excepthook prefixes the traceback with "[rank1]: " itself.
+    rank1 = [line for line in console.splitlines() if line.startswith("[rank 1] ")]
+    assert any(line.endswith("Traceback (most recent call last):") for line in rank1), rank1
+    assert any(line.endswith("RuntimeError: rank 1 gives up") for line in rank1), rank1
+    assert "[rank 0] stdout line of rank 0\n" in console
+    assert run.exit_code not in (None, 0)
+
+
+def test_a_console_flood_is_bounded_and_every_line_counted(scripts: Scripts) -> None:
+    """Rank 1 prints 30,000 lines as fast as it can: the lines the run holds and the lines
+    counted as dropped add up to exactly 30,000, and some were dropped (the bound held)."""
+    lines = 30_000
+    proc, run = _run(scripts, "flood", "--lines", str(lines))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert reports(proc.stdout) == {"flooded_0": True, "flooded_1": True}
+    console = _console(run)
+    kept = console.count("[rank 1] flood ")
+    dropped = run.summary["funnel/dropped_console_lines"]
+    assert 0 < dropped < lines and kept + dropped == lines, (kept, dropped)
+    numbers = [int(line.split()[-1]) for line in console.splitlines()
+               if line.startswith("[rank 1] flood ")]
+    assert numbers == sorted(numbers)  # what is kept stays in order
+    assert proc.stdout.count("flood ") == lines  # the terminal got every line
