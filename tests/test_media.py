@@ -161,7 +161,7 @@ def test_the_logger_takes_only_plain_names_in_its_staging_directory(
         with pytest.raises(BadMediaError, match="plain name"):
             files.path_of(name)
     with pytest.raises(BadMediaError, match="missing"):
-        files.path_of("nothing-here.png")
+        files.path_of("1-1-0123abcd.png")
 
 
 def test_a_bad_descriptor_costs_its_key_only_counted(tmp_path: pathlib.Path) -> None:
@@ -177,7 +177,8 @@ def test_a_bad_descriptor_costs_its_key_only_counted(tmp_path: pathlib.Path) -> 
         "dropped": MediaRef({"k": "dropped", "what": "Image", "why": "queue full"}),
         "hist": MediaRef({"k": "histogram", "histogram": [1, 2], "bins": [0, 1, 2]}),
     }
-    out = files.materialize(row, wandb)
+    out, keys = files.materialize(row, wandb)
+    assert keys == set(row) - {"ok"}
     assert set(out) == {"ok", "hist"} and isinstance(out["hist"], wandb.Histogram)
     assert files.dropped == 4 and files.logged == 1
     assert any("not a wandb media class" in w for w in warned)
@@ -189,7 +190,7 @@ def test_a_staged_image_becomes_wandbs_own_moved_into_the_run(tmp_path: pathlib.
 
     stager = media.Stager(str(tmp_path), 1 << 20)
     packed, staged = _encode(stager, {"img": wf.Image(np.zeros((3, 5, 3), np.uint8), caption="c")})
-    out = MediaFiles(str(tmp_path)).materialize(_decode(packed), wandb)
+    out, _ = MediaFiles(str(tmp_path)).materialize(_decode(packed), wandb)
     image = out["img"]
     assert type(image) is wandb.Image and image._caption == "c"
     assert (image._width, image._height, image.format) == (5, 3, "png")
@@ -315,3 +316,64 @@ def test_a_light_image_is_the_very_png_wandb_image_makes(make: Any) -> None:
     assert (light.width, light.height, light.format) == \
         (theirs._width, theirs._height, theirs.format)
     assert light._sha == theirs._sha256 and light._size == theirs._size
+
+
+def test_media_nested_past_any_real_depth_is_junk_not_a_crash() -> None:
+    """200 nested media values once crashed the decoding process (a C unpacker per level)."""
+    import msgpack
+
+    from wandb_funnel._protocol.messages import MEDIA_EXT
+
+    inner: Any = msgpack.packb({"k": "histogram", "histogram": [1], "bins": [0, 1]})
+    for _ in range(200):
+        inner = msgpack.packb({"k": "table", "columns": ["a"],
+                               "data": [[msgpack.ExtType(MEDIA_EXT, inner)]]})
+    record = msgpack.packb((0, True, {"t": msgpack.ExtType(MEDIA_EXT, inner)}))
+    with pytest.raises(codec.DecodeError, match="nested too deeply"):
+        codec.decode(codec.encode_batch(0, [record]), 1 << 22)
+
+
+def test_a_descriptor_cannot_steer_where_wandb_writes(tmp_path: pathlib.Path) -> None:
+    """State the logger sets itself (``_extension``, ``_path``, ``_is_tmp``) is ignored;
+    hashes, formats and mask keys that go into file names are checked."""
+    import wandb
+
+    name = "1-1-0123abcd.png"
+    (tmp_path / name).write_bytes(b"png")
+    good = {"_sha256": "a" * 64, "_size": 3, "format": "png", "_width": 1, "_height": 1}
+    files = MediaFiles(str(tmp_path), lambda message: None)
+
+    def make(state: dict[str, Any]) -> dict[str, Any]:
+        ref = MediaRef({"k": "file", "c": "Image", "s": state, "f": name})
+        out, _ = files.materialize({"img": ref}, wandb)
+        return out
+
+    image = make({**good, "_extension": "/../../../evil.sh", "_path": "/etc/passwd",
+                  "_is_tmp": False})["img"]
+    assert image._extension == ".png" and image._path == str(tmp_path / name)
+    assert image._is_tmp is True
+    for bad in ({"_sha256": "../../x" + "a" * 57}, {"format": "png/../../x"},
+                {"_masks": {"../m": None}}, {"_size": -1}):
+        assert make({**good, **bad}) == {}
+    assert files.dropped == 4
+
+
+def test_one_ref_logged_twice_is_one_wandb_object_and_a_dropped_list_item_is_just_that(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Shared mode logs a rank's image as {key}/rank{r} and, with a reducer, as {key}: one
+    object, so wandb moves its file once. A rank's dropped image in a list costs only itself."""
+    import wandb
+
+    name = "1-1-0123abcd.png"
+    (tmp_path / name).write_bytes(b"png")
+    ref = MediaRef({"k": "file", "c": "Image", "f": name,
+                    "s": {"_sha256": "b" * 64, "_size": 3, "format": "png"}})
+    hist = MediaRef({"k": "histogram", "histogram": [1], "bins": [0, 1]})
+    dropped = MediaRef({"k": "dropped", "what": "Image", "why": "full"})
+    files = MediaFiles(str(tmp_path), lambda message: None)
+    other = MediaRef({"k": "histogram", "histogram": [2], "bins": [0, 1]})
+    out, _ = files.materialize({"img": ref, "img/rank0": ref, "list": [hist, dropped, other]},
+                               wandb)
+    assert out["img"] is out["img/rank0"]
+    assert len(out["list"]) == 2 and files.logged == 3 and files.dropped == 1

@@ -13,6 +13,7 @@ descriptor costs its key, counted, never the row.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,27 @@ _BASE_STATE = {
     "_run": None, "_artifact_source": None, "_artifact_target": None, "_caption": None,
     "_path": None, "_is_tmp": False, "_extension": None, "_sha256": None, "_size": None,
 }
+# The state a descriptor may set, per class, on top of the above (what wandb 0.31's
+# constructors leave): anything else is refused, so a descriptor cannot steer where wandb
+# writes (``_extension``, ``_path``, ``_is_tmp`` are the logger's own to set).
+_STATE_KEYS = {
+    "Image": {"_caption", "_grouping", "_width", "_height", "_classes", "_boxes", "_masks",
+              "_file_type", "format", "_sha256", "_size"},
+    "Html": {"_caption", "html", "_sha256", "_size"},
+    "Video": {"_caption", "_width", "_height", "_channels", "_format", "_fps", "_sha256",
+              "_size"},
+    "Audio": {"_caption", "_duration", "_sample_rate", "_sha256", "_size"},
+    "Object3D": {"_caption", "_sha256", "_size"},
+    "Molecule": {"_caption", "_sha256", "_size"},
+    "Classes": {"_caption", "_class_set"},
+    "ImageMask": {"_caption", "_val", "_key", "_sha256", "_size"},
+    "BoundingBoxes2D": {"_caption", "_val", "_key", "_class_labels", "_sha256", "_size"},
+}
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_PLAIN = re.compile(r"[\w.-]{1,128}")  # a name wandb puts into a file name
+_FORMAT = re.compile(r"[A-Za-z0-9]{1,10}")
+# Staged names: ``{pid}-{seq}-{8 hex}{extension}`` (``.png``, ``.mask.png``, ``.boxes2D.json``).
+_STAGED = re.compile(r"[0-9]+-[0-9]+-[0-9a-f]{8}((?:\.[\w-]{1,32}){0,3})")
 
 
 class BadMediaError(ValueError):
@@ -64,32 +86,50 @@ class MediaFiles:
         self.dropped_files = 0
         self._warn = warn  # the writer's: each message once
 
-    def materialize(self, row: dict[str, Any], wandb: Any) -> dict[str, Any]:
-        """``row`` with every MediaRef made a wandb object; a ref that cannot be is left out
-        (counted, and said once per reason). ``wandb`` None (the null sink): refs are counted
-        as logged and left out."""
+    def materialize(self, row: dict[str, Any], wandb: Any) -> tuple[dict[str, Any], set[str]]:
+        """``row`` with every MediaRef made a wandb object, and the keys that hold media. A
+        ref that cannot be made is left out (counted, and said once per reason); in a list,
+        only that element. ``wandb`` None (the null sink): refs are counted as logged and
+        left out."""
         out: dict[str, Any] = {}
+        keys: set[str] = set()
+        # One wandb object per ref: shared mode logs a ref as {key}/rank{r} and, reduced, as
+        # {key}; wandb binds (moves) its file once and points both at it.
+        made: dict[int, Any] = {}
         for key, value in row.items():
             if type(value) not in _CONTAINERS:
                 out[key] = value
                 continue
+            keys.add(key)
             try:
-                out[key] = self._convert(value, wandb)
+                out[key] = self._convert(value, wandb, made)
             except BadMediaError as exc:
                 self.dropped += 1
                 self._warn(f"media at key {key!r} left out of the run: {exc}")
             except _Absent:
                 continue
-        return out
+        return out, keys
 
-    def _convert(self, value: Any, wandb: Any) -> Any:
+    def _convert(self, value: Any, wandb: Any, made: dict[int, Any]) -> Any:
         kind = type(value)
         if kind is list:
-            return [self._convert(v, wandb) for v in value]
+            out = []
+            for item in value:
+                try:
+                    out.append(self._convert(item, wandb, made))
+                except _Absent:
+                    continue  # that element only (a rank's counted drop)
+                except BadMediaError as exc:
+                    self.dropped += 1
+                    self._warn(f"a media value in a list left out of the run: {exc}")
+            return out
         if kind is dict:
-            return {k: self._convert(v, wandb) for k, v in value.items()}
+            return {k: self._convert(v, wandb, made) for k, v in value.items()}
         if kind is not MediaRef:
             return value
+        known = made.get(id(value))
+        if known is not None:
+            return known
         desc = value.desc
         what = desc["k"]
         if what == "dropped":
@@ -100,46 +140,50 @@ class MediaFiles:
             self.logged += 1
             raise _Absent
         try:
-            made = self._make(what, desc, wandb)
+            obj = self._make(what, desc, wandb, made)
         except BadMediaError:
             raise
         except Exception as exc:  # wandb refusing what a descriptor says
             raise BadMediaError(f"{type(exc).__name__}: {exc}") from exc
         self.logged += 1
-        return made
+        made[id(value)] = obj
+        return obj
 
-    def _make(self, what: str, desc: dict[str, Any], wandb: Any) -> Any:
+    def _make(self, what: str, desc: dict[str, Any], wandb: Any, made: dict[int, Any]) -> Any:
         if what == "histogram":
             return wandb.Histogram(np_histogram=(list(desc["histogram"]), list(desc["bins"])))
         if what == "table":
-            return self._table(desc, wandb)
+            return self._table(desc, wandb, made)
         if what == "chart":
             from_module = wandb.plot.custom_chart
             spec = from_module.CustomChartSpec(**desc["spec"])
-            return from_module.CustomChart(table=self._table(desc["table"], wandb), spec=spec)
+            return from_module.CustomChart(table=self._table(desc["table"], wandb, made),
+                                           spec=spec)
         if what == "file":
-            return self._file_media(desc, wandb)
+            return self._file_media(desc, wandb, made)
         raise BadMediaError(f"unknown media kind {what!r:.40}")
 
-    def _table(self, desc: dict[str, Any], wandb: Any) -> Any:
-        data = [[self._cell(c, wandb) for c in row] for row in desc["data"]]
-        return wandb.Table(
-            columns=list(desc["columns"]),
-            data=data,
-            allow_mixed_types=bool(desc.get("mixed")),
-            log_mode=desc.get("log_mode") or "IMMUTABLE",
-        )
-
-    def _cell(self, value: Any, wandb: Any) -> Any:
+    def _table(self, desc: dict[str, Any], wandb: Any, made: dict[int, Any]) -> Any:
+        data = [[self._cell(c, wandb, made) for c in row] for row in desc["data"]]
+        columns = list(desc["columns"])
+        log_mode = desc.get("log_mode") or "IMMUTABLE"
         try:
-            return self._convert(value, wandb)
+            return wandb.Table(columns=columns, data=data,
+                               allow_mixed_types=bool(desc.get("mixed")), log_mode=log_mode)
+        except TypeError:  # a column of mixed types: the rank's table allowed them
+            return wandb.Table(columns=columns, data=data, allow_mixed_types=True,
+                               log_mode=log_mode)
+
+    def _cell(self, value: Any, wandb: Any, made: dict[int, Any]) -> Any:
+        try:
+            return self._convert(value, wandb, made)
         except _Absent:
             return None  # a dropped image in a table: an empty cell, counted
 
-    def _file_media(self, desc: dict[str, Any], wandb: Any) -> Any:
+    def _file_media(self, desc: dict[str, Any], wandb: Any, made: dict[int, Any]) -> Any:
         name = desc.get("c")
         where = _FILE_CLASSES.get(name) if isinstance(name, str) else None
-        if where is None:
+        if where is None or not isinstance(name, str):
             raise BadMediaError(f"not a wandb media class: {name!r:.40}")
         cls: Any = wandb
         for part in where.split("."):
@@ -150,13 +194,44 @@ class MediaFiles:
         obj = cls.__new__(cls)
         obj.__dict__.update(_BASE_STATE)
         if name == "Image":
-            obj._image = None
+            obj.__dict__.update(_image=None, _grouping=None, _width=None, _height=None,
+                                _classes=None, _boxes=None, _masks=None, _file_type=None,
+                                format=None)
+        allowed = _STATE_KEYS[name]
         for attr, item in state.items():
-            if type(attr) is str and not attr.startswith("__"):
-                obj.__dict__[attr] = self._convert(item, wandb)
-        # Set last, whatever the state said: the file is the staged one, moved by wandb.
-        obj._path, obj._is_tmp = self._source(desc), "f" in desc
+            if attr in allowed:
+                obj.__dict__[attr] = self._state_value(attr, item, wandb, made)
+        # The logger's own, whatever the state said: the file is the staged one (wandb
+        # moves it into the run), named after the staged name's extension.
+        obj._path = self._source(desc)
+        obj._is_tmp = "f" in desc
+        if "f" in desc:
+            obj._extension = _STAGED.fullmatch(desc["f"]).group(1) or None  # type: ignore[union-attr]
+        elif obj._path is not None:
+            obj._sha256 = obj._sha256 if _is_hex64(obj._sha256) else None
+        if obj._path is not None and "f" in desc and not _is_hex64(obj._sha256):
+            raise BadMediaError("a staged media file needs its sha256")
         return obj
+
+    def _state_value(self, attr: str, item: Any, wandb: Any, made: dict[int, Any]) -> Any:
+        """One state value, checked where wandb builds a file name from it."""
+        if attr == "_sha256":
+            if not _is_hex64(item):
+                raise BadMediaError("sha256 must be 64 hex digits")
+        elif attr == "_size":
+            if type(item) is not int or item < 0:
+                raise BadMediaError("size must be a count")
+        elif attr in ("format", "_format"):
+            if item is not None and not (type(item) is str and _FORMAT.fullmatch(item)):
+                raise BadMediaError(f"bad media format {item!r:.40}")
+        elif attr == "_key":
+            if not (type(item) is str and _PLAIN.fullmatch(item)):
+                raise BadMediaError(f"bad mask or box key {item!r:.60}")
+        elif attr in ("_boxes", "_masks") and item is not None and (
+            type(item) is not dict or not all(type(k) is str and _PLAIN.fullmatch(k) for k in item)
+        ):
+            raise BadMediaError(f"{attr} keys must be plain names")
+        return self._convert(item, wandb, made)
 
     def _source(self, desc: dict[str, Any]) -> str | None:
         if "f" in desc:
@@ -169,10 +244,10 @@ class MediaFiles:
         return ref
 
     def path_of(self, name: Any) -> str:
-        """The staged file ``name``, checked: a plain name in the staging directory."""
+        """The staged file ``name``, checked: a staged name in the staging directory."""
         if self.directory is None:
             raise BadMediaError("this logger has no staging directory")
-        if type(name) is not str or not name or os.path.basename(name) != name or name[0] == ".":
+        if type(name) is not str or not _STAGED.fullmatch(name):
             raise BadMediaError(f"a staged file must be a plain name, got {name!r:.80}")
         path = os.path.join(self.directory, name)
         if not os.path.isfile(path):
@@ -246,6 +321,10 @@ class MediaFiles:
                     os.unlink(os.path.join(self.directory, name))
                 except OSError:
                     pass
+
+
+def _is_hex64(value: Any) -> bool:
+    return type(value) is str and _HEX64.fullmatch(value) is not None
 
 
 class _Absent(Exception):  # noqa: N818  (control flow: a value that is not logged)

@@ -57,8 +57,10 @@ class RunWriter:
             try:
                 out = self._builder.build(row)
                 if with_media:
-                    out = self.media.materialize(out, getattr(self.sink, "wandb", None))
-                self.sink.log(out)
+                    out, media_keys = self.media.materialize(out, getattr(self.sink, "wandb", None))
+                    self._log_with_media(out, media_keys)
+                else:
+                    self.sink.log(out)
                 self.records += row.records
                 self.rows += 1
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
@@ -73,6 +75,22 @@ class RunWriter:
             finally:
                 if with_media:
                     self.media.discard(parts)  # what wandb did not move into the run
+
+    def _log_with_media(self, out: dict[str, Any], media_keys: set[str]) -> None:
+        """A media value wandb refuses costs its keys (counted), not the row's numbers."""
+        assert self.sink is not None
+        try:
+            self.sink.log(out)
+        except OSError:
+            raise
+        except Exception as exc:
+            kept = {k: v for k, v in out.items() if k not in media_keys}
+            left_out = len(out) - len(kept)
+            self.media.dropped += left_out
+            self.media.logged = max(0, self.media.logged - left_out)
+            log_to_stderr(f"{self.name}: wandb refused media {sorted(media_keys)!r}: {exc!r}; "
+                          f"the row is logged without them")
+            self.sink.log(kept)
 
     def _out_of_time(self) -> None:
         self._broken = "out of time"

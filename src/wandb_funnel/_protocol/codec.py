@@ -385,11 +385,23 @@ def peek_batch(frame: bytes) -> tuple[int, int] | None:
     return first_seq, count
 
 
+# Media inside media (a table's image, its masks, their classes) nests 4 deep at most. Each
+# level is a C unpacker of its own on the stack: 200 levels crashed the process outright.
+_MAX_EXT_DEPTH: Final = 6
+
+
 def _decode_ext(code: int, payload: bytes) -> MediaRef:
     """A media value's descriptor; the logger checks its fields when it uses them."""
     if code != MEDIA_EXT:
         raise DecodeError(f"unknown extension type {code}")
-    desc = msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_decode_ext)
+    depth = getattr(_local, "ext_depth", 0)
+    if depth >= _MAX_EXT_DEPTH:
+        raise DecodeError("media values nested too deeply")
+    _local.ext_depth = depth + 1
+    try:
+        desc = msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=_decode_ext)
+    finally:
+        _local.ext_depth = depth
     if type(desc) is not dict or type(desc.get("k")) is not str:
         raise DecodeError("a media value is not a descriptor map")
     return MediaRef(desc)

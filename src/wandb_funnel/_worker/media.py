@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -44,6 +45,7 @@ FILE_MEDIA = frozenset({
 # mask array (its PNG is the file that travels).
 _LOCAL_STATE = frozenset({"_run", "_artifact_source", "_artifact_target", "_image", "_path"})
 _MAX_HISTOGRAM_BINS = 512  # wandb.Histogram's limit
+_EXT = re.compile(r"(?:\.[\w-]{1,32}){0,3}")  # a staged file's extension, as the logger takes it
 _TABLE_DEFAULT_COLUMNS = ["Input", "Output", "Expected"]  # wandb.Table's, when none are given
 
 
@@ -427,11 +429,16 @@ class Stager:
             self._inflight_bytes -= self._inflight.popleft()[1]
         return self._inflight_bytes + size <= MEDIA_INFLIGHT_BYTES
 
-    def _new_path(self, ext: str) -> tuple[str, str]:
-        assert self.directory is not None
+    def _new_name(self, ext: str) -> str:
+        """``{pid}-{seq}-{8 hex}{ext}``: the form the logger accepts (``_logger/media.py``)."""
         with self._lock:
             self._seq += 1
-            name = f"{os.getpid()}-{self._seq}-{os.urandom(4).hex()}{ext}"
+            seq = self._seq
+        return f"{os.getpid()}-{seq}-{os.urandom(4).hex()}{ext if _EXT.fullmatch(ext) else ''}"
+
+    def _new_path(self, ext: str) -> tuple[str, str]:
+        assert self.directory is not None
+        name = self._new_name(ext)
         return name, os.path.join(self.directory, name)
 
     def _check(self, size: int) -> None:
@@ -456,9 +463,7 @@ class Stager:
     def _sent(self, data: bytes, ext: str) -> str:
         """``data`` sent to the logger as a file of its own staging directory."""
         assert self._send_blob is not None
-        with self._lock:
-            self._seq += 1
-            name = f"{os.getpid()}-{self._seq}-{os.urandom(4).hex()}{ext}"
+        name = self._new_name(ext)
         if not self._send_blob(name, data):
             raise _DroppedError("the connection to the logger is full (or closed)")
         return name
