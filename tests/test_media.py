@@ -21,17 +21,24 @@ from wandb_funnel._worker import media
 
 
 def _stager(tmp_path: pathlib.Path, max_bytes: int = 1 << 20) -> media.Stager:
+    (tmp_path / "media").mkdir(mode=0o700, exist_ok=True)  # the owner makes it, at start
     return media.Stager(str(tmp_path / "media"), max_bytes)
 
 
 def _encode(stager: media.Stager, data: dict[str, Any], max_record: int = 1 << 20
             ) -> tuple[bytes, list[str]]:
-    staged: list[str] = []
+    return _encoding(stager, data, max_record)[:2]
+
+
+def _encoding(stager: media.Stager, data: dict[str, Any], max_record: int = 1 << 20
+              ) -> tuple[bytes, list[str], list[tuple[str, bytes]]]:
+    enc = stager.encoding()
     try:
-        return codec.encode_record(0, True, data, max_record, stager.packer_default(staged)), staged
+        packed = codec.encode_record(0, True, data, max_record, enc.default)
     except BaseException:
-        stager.rollback(staged)
+        enc.rollback()
         raise
+    return packed, enc.staged, enc.blobs
 
 
 def _decode(packed: bytes) -> dict[str, Any]:
@@ -259,7 +266,7 @@ def test_a_rank_on_another_node_sends_its_files_as_chunks(tmp_path: pathlib.Path
 
     writer = BlobWriter(str(tmp_path))
 
-    def send(name: str, data: bytes) -> bool:  # what Stream.send_blob puts on the wire
+    def send(name: str, data: bytes) -> None:  # what Stream.send_blob puts on the wire
         for offset in range(0, max(len(data), 1), BATCH_BYTES):
             chunk = data[offset:offset + BATCH_BYTES]
             frame = codec.encode_blob(Blob(name, offset, len(data), chunk))
@@ -268,20 +275,28 @@ def test_a_rank_on_another_node_sends_its_files_as_chunks(tmp_path: pathlib.Path
             if offset + BATCH_BYTES < len(data):
                 assert not (tmp_path / name).exists()  # not whole yet
             assert writer.write(blob)
-        return True
 
-    stager = media.Stager(None, 1 << 24, send_blob=send)
+    stager = media.Stager(None, 1 << 24, remote=True)
     big = np.random.default_rng(1).integers(0, 255, (400, 400, 3))  # a PNG over one chunk
-    packed, staged = _encode(stager, {"img": wf.Image(big)}, max_record=1 << 20)
+    packed, staged, blobs = _encoding(stager, {"img": wf.Image(big), "again": []},
+                                      max_record=1 << 20)
     assert staged == []  # nothing of this process's on the logger's disk to take back
-    name = _decode(packed)["img"].desc["f"]
+    ((name, data),) = blobs  # sent by the Run once the record is good, ahead of it
+    assert _decode(packed)["img"].desc["f"] == name
+    send(name, data)
     assert (tmp_path / name).stat().st_size > BATCH_BYTES and writer.files == 1
     assert not list(tmp_path.glob("*.part"))
-    # The queue full: the value goes as a counted drop, the record still goes.
-    full = media.Stager(None, 1 << 24, send_blob=lambda name, data: False)
-    packed, _ = _encode(full, {"img": wf.Image(np.zeros((2, 2))), "loss": 1})
-    data = _decode(packed)
-    assert data["img"].desc["k"] == "dropped" and data["loss"] == 1 and full.dropped == 1
+    # Over what a rank on another node sends: a counted drop, and the record still goes.
+    small = media.Stager(None, 1 << 26, remote=True)
+    from wandb_funnel._constants import REMOTE_MEDIA_BYTES
+
+    huge = np.random.default_rng(2).integers(0, 255, (3000, 3000, 3), dtype=np.uint8)
+    assert huge.nbytes > REMOTE_MEDIA_BYTES
+    packed, _, blobs = _encoding(small, {"img": wf.Image(huge, file_type="bmp"), "loss": 1},
+                                 max_record=1 << 20)
+    data_ = _decode(packed)
+    assert data_["img"].desc["k"] == "dropped" and data_["loss"] == 1 and small.dropped == 1
+    assert blobs == []
 
 
 def test_the_logger_takes_chunks_only_for_plain_new_names(tmp_path: pathlib.Path) -> None:
@@ -377,3 +392,42 @@ def test_one_ref_logged_twice_is_one_wandb_object_and_a_dropped_list_item_is_jus
                                wandb)
     assert out["img"] is out["img/rank0"]
     assert len(out["list"]) == 2 and files.logged == 3 and files.dropped == 1
+
+
+def test_a_record_refused_after_staging_stages_nothing_twice_and_leaves_nothing(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The packer runs again to name the bad key; the image is staged once, then removed."""
+    stager = _stager(tmp_path)
+    enc = stager.encoding()
+    with pytest.raises(TypeError, match="'bad'"):
+        codec.encode_record(0, True, {"img": wf.Image(np.zeros((4, 4, 3), np.uint8)),
+                                      "bad": object()}, 1 << 20, enc.default)
+    assert len(enc.staged) == 1
+    enc.rollback()
+    assert os.listdir(tmp_path / "media") == []
+
+
+def test_staging_from_many_threads_keeps_its_count(tmp_path: pathlib.Path) -> None:
+    import threading
+
+    stager = _stager(tmp_path)
+    image = wf.Image(np.zeros((4, 4, 3), np.uint8))
+    errors: list[BaseException] = []
+
+    def log_many() -> None:
+        try:
+            for _ in range(50):
+                _, staged = _encode(stager, {"img": image})
+                for path in staged:
+                    os.unlink(path)  # the logger took it
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=log_many) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and stager.dropped == 0
+    assert stager._inflight_bytes == sum(size for size, _ in stager._inflight.values())

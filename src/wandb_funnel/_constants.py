@@ -46,6 +46,9 @@ DEFAULT_MAX_MEDIA_BYTES: Final = 256 * 1024 * 1024
 # Media a process has staged that the logger has not taken yet: past this, a media value is
 # dropped and counted (funnel/dropped_media) rather than fill the disk or wait on the logger.
 MEDIA_INFLIGHT_BYTES: Final = 1024 * 1024 * 1024
+# The largest media item a rank on another node sends as bytes: its chunks share that rank's
+# connection queue with its records.
+REMOTE_MEDIA_BYTES: Final = 16 * 1024 * 1024
 # Console capture (every rank's stdout and stderr into the Logs tab): per process, lines a
 # second and at once, and text waiting to be sent; past them a line is dropped and counted.
 CONSOLE_LINES_PER_S: Final = 1_000

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,9 @@ _STATE_KEYS = {
     "BoundingBoxes2D": {"_caption", "_val", "_key", "_class_labels", "_sha256", "_size"},
 }
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+# The run directory's files that wandb writes itself: a saved file never replaces one.
+_WANDBS_OWN = re.compile(r"wandb-[^/]*|config\.yaml|output.*\.log|requirements\.txt|"
+                         r"diff\.patch|code/.*|media/.*|artifact/.*")
 _PLAIN = re.compile(r"[\w.-]{1,128}")  # a name wandb puts into a file name
 _FORMAT = re.compile(r"[A-Za-z0-9]{1,10}")
 # Staged names: ``{pid}-{seq}-{8 hex}{extension}`` (``.png``, ``.mask.png``, ``.boxes2D.json``).
@@ -59,20 +63,26 @@ class BadMediaError(ValueError):
 
 
 def has_media(data: Any, depth: int = 0) -> bool:
-    """Whether ``data`` (a record's dict, or a value in it) holds a MediaRef."""
+    """Whether ``data`` (a record's dict, or a value in it) holds a MediaRef. Every row's
+    parts come through here: a part of plain numbers costs one set check, done in C."""
     kind = type(data)
     if kind is MediaRef:
         return True
     if depth > 32:
         return False
     if kind is dict:
-        return any(type(v) in _CONTAINERS and has_media(v, depth + 1) for v in data.values())
-    if kind is list:
-        return any(type(v) in _CONTAINERS and has_media(v, depth + 1) for v in data)
-    return False
+        values = data.values()
+    elif kind is list:
+        values = data
+    else:
+        return False
+    if _CONTAINER_TYPES.isdisjoint(map(type, values)):
+        return False
+    return any(type(v) in _CONTAINER_TYPES and has_media(v, depth + 1) for v in values)
 
 
 _CONTAINERS = (MediaRef, dict, list)
+_CONTAINER_TYPES = frozenset(_CONTAINERS)
 
 
 class MediaFiles:
@@ -300,10 +310,13 @@ class MediaFiles:
         root = os.path.realpath(run.dir)
         for entry, name in entries:
             dest = os.path.realpath(os.path.join(root, str(entry)))
-            if not dest.startswith(root + os.sep):
-                raise BadMediaError(f"a saved file must stay inside the run, got {entry!r:.80}")
+            if not dest.startswith(root + os.sep) or _WANDBS_OWN.fullmatch(
+                os.path.relpath(dest, root)
+            ):
+                raise BadMediaError(f"a saved file must stay inside the run, and off wandb's "
+                                    f"own files, got {entry!r:.80}")
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            os.replace(self.path_of(name), dest)
+            shutil.move(self.path_of(name), dest)  # the run may be on another filesystem
             run.save(dest, base_path=root, policy=data.get("policy") or "now")
 
     def discard(self, parts: Any) -> None:

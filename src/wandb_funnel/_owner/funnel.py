@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from wandb_funnel import _current
-from wandb_funnel._constants import EXPORTED_ENV
+from wandb_funnel._constants import EXPORTED_ENV, MEDIA_DIR
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
@@ -186,6 +186,8 @@ class Funnel:
         if self.topology.tcp_host is not None:
             self._curve = new_curve_keys()
         self._address, self._ipc_dir = private_ipc_endpoint()
+        # Media files are staged here by name (_worker/media.py); it goes with the directory.
+        os.mkdir(os.path.join(self._ipc_dir, MEDIA_DIR), 0o700)
         ready_r, ready_w = os.pipe()
         start = LoggerStart(
             address=self._address,

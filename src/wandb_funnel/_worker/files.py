@@ -1,9 +1,10 @@
-"""``run.log_artifact`` and ``run.save`` from any rank: the files are staged by name (hard
-links where the filesystem allows, so a multi-GB checkpoint costs no copy) and a FILES update
-tells the logger what to make of them: an artifact of the run, or files in its directory.
+"""``run.log_artifact`` and ``run.save`` from any rank: the files are copied into the staging
+directory by name (a snapshot at the call, as wandb's own ``add_file`` copies at the call) and a
+FILES update tells the logger what to make of them: an artifact of the run, or files in its
+directory.
 
 Files are not held to ``max_media_bytes`` or the in-flight bound: they are the user's own files,
-linked, not encoded. A rank on another node than the logger has no staging directory: the call
+not media. A rank on another node than the logger has no staging directory: the call
 warns and is counted (``funnel/dropped_files``).
 """
 
@@ -12,20 +13,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from wandb_funnel._worker.media import Stager
+from wandb_funnel._worker.media import Encoding, Stager
 
 
 class FilesRefusedError(ValueError):
     """A log_artifact or save that cannot be carried from here (no staging directory)."""
 
 
-def _stage(stager: Stager, path: str, staged: list[str]) -> str:
+def _stage(stager: Stager, path: str, enc: Encoding) -> str:
     if stager.directory is None:  # another node: a checkpoint is not sent as bytes
         raise FilesRefusedError(
             "this rank is on another node than the logger; artifacts and saved files do not "
             "cross nodes yet"
         )
-    return stager.stage_file(path, os.path.splitext(path)[1], staged, checked=False)
+    return stager.stage_file(path, os.path.splitext(path)[1], enc, checked=False)
 
 
 def artifact_update(
@@ -36,7 +37,7 @@ def artifact_update(
     aliases: list[str] | None,
     tags: list[str] | None,
     run_id: str,
-    staged: list[str],
+    enc: Encoding,
 ) -> dict[str, Any]:
     """The FILES update for ``log_artifact(artifact_or_path, ...)``, its files staged."""
     if isinstance(artifact_or_path, (str, os.PathLike)):
@@ -47,7 +48,7 @@ def artifact_update(
         data: dict[str, Any] = {
             "name": name or f"run-{run_id}-{os.path.basename(os.path.normpath(path))}",
             "type": type or "unspecified",
-            "entries": [[entry, _stage(stager, src, staged)] for entry, src in files],
+            "entries": [[entry, _stage(stager, src, enc)] for entry, src in files],
             "refs": [],
         }
     elif type_name(artifact_or_path) == "Artifact":
@@ -57,7 +58,7 @@ def artifact_update(
             if getattr(item, "ref", None):
                 refs.append([entry, str(item.ref)])
             elif getattr(item, "local_path", None):
-                entries.append([entry, _stage(stager, str(item.local_path), staged)])
+                entries.append([entry, _stage(stager, str(item.local_path), enc)])
         data = {
             "name": name or artifact.name.split(":")[0],
             "type": type or artifact.type,
@@ -76,7 +77,7 @@ def artifact_update(
 
 
 def save_update(
-    stager: Stager, glob_str: str, base_path: str | None, policy: str, staged: list[str]
+    stager: Stager, glob_str: str, base_path: str | None, policy: str, enc: Encoding
 ) -> dict[str, Any]:
     """The FILES update for ``save(glob_str, base_path, policy)``: every matching file, kept
     at its path relative to ``base_path`` (the glob's own directory by default, as wandb)."""
@@ -97,7 +98,7 @@ def save_update(
             entry = os.path.relpath(os.path.abspath(path), base)
             if entry.startswith(".."):
                 raise ValueError(f"wandb_funnel: save: {path!r} is not under base_path {base!r}")
-            entries.append([entry, _stage(stager, path, staged)])
+            entries.append([entry, _stage(stager, path, enc)])
     # "live" re-uploads a file each time it changes: the funnel copies it once, now.
     return {"op": "save", "entries": entries, "policy": "now" if policy == "live" else policy}
 

@@ -26,13 +26,18 @@ import io
 import os
 import re
 import threading
-from collections import deque
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgpack
 
-from wandb_funnel._constants import ENV_MAX_MEDIA_BYTES, MEDIA_DIR, MEDIA_INFLIGHT_BYTES
+from wandb_funnel._constants import (
+    ENV_MAX_MEDIA_BYTES,
+    MEDIA_DIR,
+    MEDIA_INFLIGHT_BYTES,
+    REMOTE_MEDIA_BYTES,
+)
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import MEDIA_EXT
 
@@ -45,6 +50,7 @@ FILE_MEDIA = frozenset({
 # mask array (its PNG is the file that travels).
 _LOCAL_STATE = frozenset({"_run", "_artifact_source", "_artifact_target", "_image", "_path"})
 _MAX_HISTOGRAM_BINS = 512  # wandb.Histogram's limit
+_INFLIGHT_EXPIRY = 600.0  # seconds after which a staged file no longer counts in flight
 _EXT = re.compile(r"(?:\.[\w-]{1,32}){0,3}")  # a staged file's extension, as the logger takes it
 _TABLE_DEFAULT_COLUMNS = ["Input", "Output", "Expected"]  # wandb.Table's, when none are given
 
@@ -96,7 +102,7 @@ def _too_big(what: str, size: int, limit: int) -> ValueError:
 class _LightMedia:
     """Base of the light types: each knows its descriptor."""
 
-    def _descriptor(self, stager: Stager, staged: list[str]) -> dict[str, Any]:
+    def _descriptor(self, stager: Stager, enc: Encoding) -> dict[str, Any]:
         raise NotImplementedError
 
 
@@ -228,13 +234,13 @@ class Image(_LightMedia):
         self._sha = _sha256(self._bytes)
         self._size = len(self._bytes)
 
-    def _descriptor(self, stager: Stager, staged: list[str]) -> dict[str, Any]:
+    def _descriptor(self, stager: Stager, enc: Encoding) -> dict[str, Any]:
         ext = "." + self.format
         if self._bytes is not None:
-            name = stager.stage_bytes(self._bytes, ext, staged)
+            name = stager.stage_bytes(self._bytes, ext, enc)
         else:
             assert self._src_path is not None
-            name = stager.stage_file(self._src_path, ext, staged)
+            name = stager.stage_file(self._src_path, ext, enc)
         # The state wandb.Image has after its own __init__, file aside.
         state = {
             "_caption": self.caption, "_grouping": self.grouping, "_width": self.width,
@@ -285,7 +291,7 @@ class Histogram(_LightMedia):
                 f"{len(self.histogram) + 1} bin edges, got {len(self.bins)}"
             )
 
-    def _descriptor(self, stager: Stager, staged: list[str]) -> dict[str, Any]:
+    def _descriptor(self, stager: Stager, enc: Encoding) -> dict[str, Any]:
         return {"k": "histogram", "histogram": self.histogram, "bins": self.bins}
 
 
@@ -325,7 +331,7 @@ class Table(_LightMedia):
             )
         self.data.append(list(data))
 
-    def _descriptor(self, stager: Stager, staged: list[str]) -> dict[str, Any]:
+    def _descriptor(self, stager: Stager, enc: Encoding) -> dict[str, Any]:
         return _table_descriptor(self.columns, self.data, self.allow_mixed_types, self.log_mode)
 
 
@@ -349,9 +355,7 @@ def _pil() -> Any:
 # ---- wandb's own objects -----------------------------------------------------------------------
 
 
-def _wandb_descriptor(
-    value: Any, name: str, stager: Stager, staged: list[str]
-) -> dict[str, Any]:
+def _wandb_descriptor(value: Any, name: str, stager: Stager, enc: Encoding) -> dict[str, Any]:
     if name == "Histogram":
         return {"k": "histogram", "histogram": list(value.histogram), "bins": list(value.bins)}
     if name == "Table":
@@ -382,7 +386,10 @@ def _wandb_descriptor(
     if isinstance(path, str):
         if os.path.isfile(path):
             extension = getattr(value, "_extension", None) or os.path.splitext(path)[1]
-            desc["f"] = stager.stage_file(path, extension, staged)
+            # wandb's own temporary file (made from an array) is never written again: linked.
+            # A user's file is copied now, as wandb copies it at log time.
+            desc["f"] = stager.stage_file(path, extension, enc,
+                                          link=bool(getattr(value, "_is_tmp", False)))
         elif "://" in path:
             desc["ref"] = path  # an image by reference (a URL): no file travels
         else:
@@ -393,12 +400,49 @@ def _wandb_descriptor(
 # ---- staging -----------------------------------------------------------------------------------
 
 
-class Stager:
-    """Puts this process's media files into the funnel's staging directory, by name.
+class Encoding:
+    """One ``log()``'s staging: the files it staged (removed if the record is then refused),
+    the bytes it has for the logger (a rank on another node: sent once the record is good),
+    and the descriptors it made, so that a re-pack stages nothing twice."""
 
-    One per (process, funnel); thread-safe. ``stage_*`` return the name the descriptor
-    carries and add the path to the caller's ``staged`` list, so that the files of a ``log()``
-    that is then refused can be removed (``rollback``).
+    def __init__(self, stager: Stager) -> None:
+        self.stager = stager
+        self.staged: list[str] = []
+        self.blobs: list[tuple[str, bytes]] = []
+        self._made: dict[int, tuple[Any, Any]] = {}  # id(value) -> (value, ExtType)
+
+    def default(self, value: Any) -> Any:
+        """msgpack's ``default`` for a record holding media (numpy scalars too)."""
+        known = self._made.get(id(value))
+        if known is not None:
+            return known[1]
+        stager = self.stager
+        if isinstance(value, _LightMedia):
+            desc = stager.guarded(lambda: value._descriptor(stager, self), value)
+        else:
+            name = _wandb_class(value)
+            if name is None:
+                return codec.scalar_item(value)
+            desc = stager.guarded(lambda: _wandb_descriptor(value, name, stager, self), value)
+        ext = msgpack.ExtType(MEDIA_EXT, msgpack.packb(desc, default=self.default,
+                                                       use_bin_type=True))
+        self._made[id(value)] = (value, ext)  # the value kept alive: its id stays its own
+        return ext
+
+    def rollback(self) -> None:
+        """Remove the files staged for a ``log()`` that was then refused."""
+        for path in self.staged:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self.staged, self.blobs = [], []
+
+
+class Stager:
+    """Puts this process's media files where the logger takes them, by name: into the
+    funnel's staging directory, or (a rank on another node) as bytes sent ahead of the
+    record. One per (process, funnel); thread-safe.
     """
 
     def __init__(
@@ -406,27 +450,35 @@ class Stager:
         directory: str | None,
         max_bytes: int,
         why_not: str = "",
-        send_blob: Callable[[str, bytes], bool] | None = None,
+        remote: bool = False,
     ) -> None:
         self.pid = os.getpid()
-        # None: no shared disk with the logger (another node): files are sent as bytes
-        # through ``send_blob`` (the stream's), or, without one, dropped for ``why_not``.
+        # None: no shared disk with the logger (another node): with ``remote`` the bytes go
+        # over the connection (Encoding.blobs), else the media are dropped for ``why_not``.
         self.directory = directory
-        self._send_blob = send_blob
+        self.remote = remote
         self.why_not = why_not
         self.max_bytes = max_bytes
-        self._inflight: deque[tuple[str, int]] = deque()  # (path, size), oldest first
+        self._inflight: dict[str, tuple[int, float]] = {}  # path -> (size, when staged)
         self._inflight_bytes = 0
         self._lock = threading.Lock()
         self._seq = 0
         self.dropped = 0
-        if directory is not None:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+
+    def encoding(self) -> Encoding:
+        return Encoding(self)
 
     def _room(self, size: int) -> bool:
-        """Forget what the logger has taken (wandb moved it away); True when ``size`` fits."""
-        while self._inflight and not os.path.exists(self._inflight[0][0]):
-            self._inflight_bytes -= self._inflight.popleft()[1]
+        """True when ``size`` more bytes fit the in-flight bound (caller holds the lock).
+        Over it, forget what the logger has taken (wandb moved it away), and what has waited
+        past ``_INFLIGHT_EXPIRY`` (a record lost on the way: its file goes at close)."""
+        if self._inflight_bytes + size <= MEDIA_INFLIGHT_BYTES:
+            return True
+        now = time.monotonic()
+        for path, (length, when) in list(self._inflight.items()):
+            if now - when > _INFLIGHT_EXPIRY or not os.path.exists(path):
+                del self._inflight[path]
+                self._inflight_bytes -= length
         return self._inflight_bytes + size <= MEDIA_INFLIGHT_BYTES
 
     def _new_name(self, ext: str) -> str:
@@ -436,99 +488,76 @@ class Stager:
             seq = self._seq
         return f"{os.getpid()}-{seq}-{os.urandom(4).hex()}{ext if _EXT.fullmatch(ext) else ''}"
 
-    def _new_path(self, ext: str) -> tuple[str, str]:
-        assert self.directory is not None
-        name = self._new_name(ext)
-        return name, os.path.join(self.directory, name)
-
-    def _check(self, size: int) -> None:
+    def _reserve(self, path: str | None, size: int) -> None:
+        """Check one item against the bounds and count it in flight, or raise."""
         if size > self.max_bytes:
             raise _too_big("media item", size, self.max_bytes)
         if self.directory is None:
-            if self._send_blob is None:
+            if not self.remote:
                 raise _DroppedError(self.why_not)
-            return  # bounded by the connection's queue: see _sent
-        if not self._room(size):
-            raise _DroppedError(
-                f"{self._inflight_bytes} bytes of media are waiting for the logger "
-                f"(limit {MEDIA_INFLIGHT_BYTES})"
-            )
-
-    def _staged(self, path: str, size: int, staged: list[str]) -> None:
+            if size > REMOTE_MEDIA_BYTES:
+                raise _DroppedError(
+                    f"a media item of {size} bytes is over the {REMOTE_MEDIA_BYTES} a rank on "
+                    f"another node sends"
+                )
+            return  # then bounded by the connection's queue
+        assert path is not None
         with self._lock:
-            self._inflight.append((path, size))
+            if not self._room(size):
+                raise _DroppedError(
+                    f"{self._inflight_bytes} bytes of media are waiting for the logger "
+                    f"(limit {MEDIA_INFLIGHT_BYTES})"
+                )
+            self._inflight[path] = (size, time.monotonic())
             self._inflight_bytes += size
-        staged.append(path)
 
-    def _sent(self, data: bytes, ext: str) -> str:
-        """``data`` sent to the logger as a file of its own staging directory."""
-        assert self._send_blob is not None
+    def stage_bytes(self, data: bytes, ext: str, enc: Encoding) -> str:
         name = self._new_name(ext)
-        if not self._send_blob(name, data):
-            raise _DroppedError("the connection to the logger is full (or closed)")
-        return name
-
-    def stage_bytes(self, data: bytes, ext: str, staged: list[str]) -> str:
-        self._check(len(data))
         if self.directory is None:
-            return self._sent(data, ext)
-        name, path = self._new_path(ext)
+            self._reserve(None, len(data))
+            enc.blobs.append((name, data))
+            return name
+        path = os.path.join(self.directory, name)
+        self._reserve(path, len(data))
+        enc.staged.append(path)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        self._staged(path, len(data), staged)
         return name
 
-    def stage_file(self, source: str, ext: str, staged: list[str], checked: bool = True) -> str:
-        """``source`` staged (hard-linked, or copied across filesystems); ``checked=False``
-        for the user's own files (artifacts, save): no size cap, no in-flight bound."""
-        size = os.path.getsize(source)
-        if checked:
-            self._check(size)
+    def stage_file(
+        self, source: str, ext: str, enc: Encoding, checked: bool = True, link: bool = False
+    ) -> str:
+        """``source`` staged: copied (a snapshot of the user's file, as wandb takes one at
+        log time), or hard-linked when ``link`` (wandb's own temporary files, never written
+        again). ``checked=False`` for the user's artifacts and saved files: no size cap and
+        no in-flight bound."""
         if self.directory is None:
             with open(source, "rb") as f:
-                return self._sent(f.read(), ext)
-        name, path = self._new_path(ext)
-        try:
-            os.link(source, path)  # same filesystem: no copy
-        except OSError:
-            import shutil
+                return self.stage_bytes(f.read(), ext, enc)
+        name = self._new_name(ext)
+        path = os.path.join(self.directory, name)
+        if checked:
+            self._reserve(path, os.path.getsize(source))
+        enc.staged.append(path)
+        if link:
+            try:
+                os.link(source, path)
+                return name
+            except OSError:
+                pass  # another filesystem: copied
+        import shutil
 
-            shutil.copyfile(source, path)
-            os.chmod(path, 0o600)
-        self._staged(path, size, staged)
+        shutil.copyfile(source, path)
+        os.chmod(path, 0o600)
         return name
 
-    @staticmethod
-    def rollback(staged: list[str]) -> None:
-        """Remove the files staged for a ``log()`` that was then refused."""
-        for path in staged:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-    def packer_default(self, staged: list[str]) -> Any:
-        """msgpack's ``default`` for a record holding media (numpy scalars too); the paths it
-        stages are appended to ``staged``."""
-
-        def default(value: Any) -> Any:
-            if isinstance(value, _LightMedia):
-                desc = self._guarded(lambda: value._descriptor(self, staged), value)
-            else:
-                name = _wandb_class(value)
-                if name is None:
-                    return codec.scalar_item(value)
-                desc = self._guarded(lambda: _wandb_descriptor(value, name, self, staged), value)
-            packed = msgpack.packb(desc, default=default, use_bin_type=True)
-            return msgpack.ExtType(MEDIA_EXT, packed)
-
-        return default
-
-    def _guarded(self, make: Callable[[], dict[str, Any]], value: Any) -> dict[str, Any]:
+    def guarded(self, make: Callable[[], dict[str, Any]], value: Any) -> dict[str, Any]:
+        """``make()``, or a counted drop: the bound, no way to the logger, or a staging
+        directory gone (the funnel closed)."""
         try:
             return make()
-        except _DroppedError as drop:
+        except (_DroppedError, OSError) as drop:
             with self._lock:
                 self.dropped += 1
             return {"k": "dropped", "what": type(value).__name__, "why": str(drop)}

@@ -252,7 +252,7 @@ class Run:
         except TypeError:
             if not media.contains_media(data):
                 raise
-            frame = self._encode_with_media(at, committed, data)
+            frame = self._encode_with_media(at, committed, data, stream)
         self._step = after
         stream.push(frame)
 
@@ -261,23 +261,25 @@ class Run:
         if stager is None or stager.pid != os.getpid():
             directory = media.staging_dir_for(self._info.address)
             stager = self._stager = media.Stager(
-                directory,
-                self._info.max_media_bytes,
-                send_blob=None if directory else self._live_stream().send_blob,
+                directory, self._info.max_media_bytes, remote=directory is None
             )
         return stager
 
-    def _encode_with_media(self, step: int, committed: bool, data: dict[str, Any]) -> bytes:
-        """A record holding media: files staged, descriptors packed (``_worker/media.py``)."""
-        stager = self._media_stager()
-        staged: list[str] = []
+    def _encode_with_media(
+        self, step: int, committed: bool, data: dict[str, Any], stream: Stream
+    ) -> bytes:
+        """A record holding media: files staged, descriptors packed (``_worker/media.py``).
+        From another node the files' bytes are sent now, once the record is good, ahead of
+        it: a file that does not fit the queue is then missing at the logger (counted)."""
+        enc = self._media_stager().encoding()
         try:
-            return codec.encode_record(
-                step, committed, data, self._max_record_bytes, stager.packer_default(staged)
-            )
+            frame = codec.encode_record(step, committed, data, self._max_record_bytes, enc.default)
         except BaseException:
-            stager.rollback(staged)
+            enc.rollback()
             raise
+        for name, blob in enc.blobs:
+            stream.send_blob(name, blob)
+        return frame
 
     # -- files -------------------------------------------------------------------------------
     def log_artifact(
@@ -296,8 +298,8 @@ class Run:
             ValueError: a path that does not exist.
             TypeError: neither a path nor a wandb.Artifact.
         """
-        self._send_files("log_artifact", lambda stager, staged: files.artifact_update(
-            stager, artifact_or_path, name, type, aliases, tags, self.id, staged))
+        self._send_files("log_artifact", lambda stager, enc: files.artifact_update(
+            stager, artifact_or_path, name, type, aliases, tags, self.id, enc))
         return None if isinstance(artifact_or_path, (str, os.PathLike)) else artifact_or_path
 
     def log_model(
@@ -320,8 +322,8 @@ class Run:
             return True  # wandb: save() with no pattern does nothing
         saved: list[str] = []
 
-        def make(stager: media.Stager, staged: list[str]) -> dict[str, Any]:
-            data = files.save_update(stager, glob_str, base_path, policy, staged)
+        def make(stager: media.Stager, enc: media.Encoding) -> dict[str, Any]:
+            data = files.save_update(stager, glob_str, base_path, policy, enc)
             saved.extend(entry for entry, _ in data["entries"])
             return data
 
@@ -329,24 +331,26 @@ class Run:
         return saved
 
     def _send_files(
-        self, what: str, make: Callable[[media.Stager, list[str]], dict[str, Any]]
+        self, what: str, make: Callable[[media.Stager, media.Encoding], dict[str, Any]]
     ) -> None:
         stager = self._media_stager()
-        staged: list[str] = []
+        enc = stager.encoding()
         try:
-            data = make(stager, staged)
+            data = make(stager, enc)
         except files.FilesRefusedError as exc:
             warnings.warn(f"wandb_funnel: {what}() was not carried: {exc}", FunnelWarning,
                           stacklevel=3)
             data = {"op": "refused", "what": what, "why": str(exc)}
         except BaseException:
-            stager.rollback(staged)
+            enc.rollback()
             raise
         try:
-            self._send_update(FILES, data)
+            sent = self._send_update(FILES, data)
         except BaseException:
-            stager.rollback(staged)
+            enc.rollback()
             raise
+        if not sent:  # the queue was full: said by the stream; nothing of it stays staged
+            enc.rollback()
 
     def define_metric(
         self,
@@ -386,11 +390,11 @@ class Run:
     def _send_summary(self, data: dict[str, Any]) -> None:
         self._send_update(SUMMARY, data)
 
-    def _send_update(self, kind: int, data: dict[str, Any]) -> None:
+    def _send_update(self, kind: int, data: dict[str, Any]) -> bool:
         if self._finished:
             raise ClientClosedError("wandb_funnel: update on a finished run")
         frame = codec.encode_update(kind, data, self._info.max_record_bytes)
-        self._live_stream().send_control(frame)
+        return self._live_stream().send_control(frame)
 
     def _attach(self, timeout: float) -> bool:
         """Connect now and wait (bounded) for the logger's welcome; True once welcomed."""
