@@ -3,7 +3,8 @@ worker's half of the transport for them and for wandb's own media objects.
 
 A media value crosses the wire as a small descriptor (``MEDIA_EXT``, see
 ``_protocol/messages.py``); its bytes never ride in the record batches. On the logger's host a
-file is handed over by name: written (or hard-linked) into the funnel's staging directory, a
+file is handed over by name: written, copied (a user's file) or hard-linked (wandb's own
+temporary file) into the funnel's staging directory, a
 ``media`` folder inside its private 0700 socket directory, which the owner and the logger
 remove on every exit path. The logger turns each descriptor back into the wandb object and
 logs that, so the run records media exactly as plain wandb does; wandb then moves the staged
