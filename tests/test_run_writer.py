@@ -34,6 +34,9 @@ class RecordingSink:
     def output(self, stream: str, text: str, timestamp: float) -> None:
         pass
 
+    def stats(self, data: dict[str, Any]) -> None:
+        pass
+
     def info(self) -> dict[str, Any]:
         return {}
 

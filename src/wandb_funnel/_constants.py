@@ -12,6 +12,10 @@ ENV_LOGGER_PID: Final = "WANDB_FUNNEL_LOGGER_PID"  # lets a client skip lingerin
 ENV_HOST: Final = "WANDB_FUNNEL_HOST"  # hostname of the logger (pids are only meaningful there)
 ENV_MAX_RECORD_BYTES: Final = "WANDB_FUNNEL_MAX_RECORD_BYTES"
 ENV_MAX_MEDIA_BYTES: Final = "WANDB_FUNNEL_MAX_MEDIA_BYTES"
+ENV_CONSOLE: Final = "WANDB_FUNNEL_CONSOLE"  # "0": the owner's settings say console="off"
+# Seconds between a process's system metrics samples (wandb's x_stats_sampling_interval);
+# "0": the owner's settings say x_disable_stats.
+ENV_STATS_INTERVAL: Final = "WANDB_FUNNEL_STATS_INTERVAL"
 ENV_BIND_ADDR: Final = "WANDB_FUNNEL_BIND_ADDR"  # the address a multi-node logger listens on
 ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when the funnel uses TCP
 # Set by a process that took its rank from RANK; a child that inherits RANK but has another
@@ -32,6 +36,8 @@ EXPORTED_ENV: Final = (
     ENV_HOST,
     ENV_MAX_RECORD_BYTES,
     ENV_MAX_MEDIA_BYTES,
+    ENV_CONSOLE,
+    ENV_STATS_INTERVAL,
     ENV_CURVE,
     ENV_RUN_INFO,
 )
@@ -54,7 +60,7 @@ REMOTE_MEDIA_BYTES: Final = 16 * 1024 * 1024
 CONSOLE_LINES_PER_S: Final = 1_000
 CONSOLE_BURST: Final = 10_000
 CONSOLE_PENDING_CHARS: Final = 4 * 1024 * 1024
-ENV_CONSOLE: Final = "WANDB_FUNNEL_CONSOLE"  # "0": the owner's settings say console="off"
+DEFAULT_STATS_INTERVAL: Final = 15.0  # wandb's own default
 # The staging directory: this name inside the funnel's private (0700) socket directory.
 MEDIA_DIR: Final = "media"
 DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank

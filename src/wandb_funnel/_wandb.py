@@ -130,6 +130,11 @@ class WandbSink:
     def define_metric(self, data: dict[str, Any]) -> None:
         self.run.define_metric(**data)
 
+    def stats(self, data: dict[str, Any]) -> None:
+        """A ``stats`` record, as wandb-core's sampler writes one (wandb's private interface:
+        there is no public way in)."""
+        self.run._interface.publish_stats(data)  # type: ignore[union-attr]
+
     def output(self, stream: str, text: str, timestamp: float) -> None:
         """An ``output_raw`` record, as wandb's console capture writes one, with the time the
         rank wrote the text (wandb's private interface: there is no public way in)."""

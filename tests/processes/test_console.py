@@ -17,10 +17,11 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 
 
 def _torchrun(scripts: Scripts, *args: str) -> subprocess.CompletedProcess[str]:
+    # wandb speaks as it does for a user (the tests' environment silences it elsewhere).
     return subprocess.run(
         [*TORCHRUN, str(PROGRAMS / "console.py"), *args],
-        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=200,
-        check=False,
+        cwd=scripts.tmp_path, env=scripts.env({"WANDB_SILENT": "false"}), capture_output=True,
+        text=True, timeout=200, check=False,
     )
 
 
@@ -63,7 +64,7 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
     assert run.summary["funnel/console_lines"] >= 12
     assert run.summary["funnel/dropped_console_lines"] == 0
 
-    _, plain = _run(Scripts(tmp_path_factory.mktemp("plain")), "talk", "--plain")
+    plain_proc, plain = _run(Scripts(tmp_path_factory.mktemp("plain")), "talk", "--plain")
     assert run.environment["program"] == plain.environment["program"]
     assert run.environment["program"].endswith("console.py")
     same = ("program", "code_path", "code_path_local", "executable", "python")
@@ -73,6 +74,10 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
     assert run.environment["root"] == str(scripts.tmp_path)  # the user's working directory
     missing = set(plain.record_types) - set(run.record_types)
     assert not missing, (plain.record_types, run.record_types)
+    # wandb's banners, once, in the user's terminal, as plain wandb prints them in rank 0.
+    for banner in ("Tracking run with wandb version", "You can sync this run to the cloud"):
+        assert (proc.stdout + proc.stderr).count(banner) == 1, banner
+        assert (plain_proc.stdout + plain_proc.stderr).count(banner) == 1, banner
 
 
 def test_the_traceback_of_a_rank_that_raises_is_in_the_run(scripts: Scripts) -> None:
@@ -102,3 +107,19 @@ def test_a_console_flood_is_bounded_and_every_line_counted(scripts: Scripts) -> 
                if line.startswith("[rank 1] flood ")]
     assert numbers == sorted(numbers)  # what is kept stays in order
     assert proc.stdout.count("flood ") == lines  # the terminal got every line
+
+
+def test_every_ranks_system_metrics_carry_its_label(scripts: Scripts) -> None:
+    """With x_stats_sampling_interval=0.5, each rank samples its process tree: the run's stats
+    records carry cpu and memory keys labelled /l:rank0-<host> and /l:rank1-<host>, as
+    wandb labels a writer's (x_label), beside the logger's own (unlabelled) samples."""
+    proc, run = _run(scripts, "stats")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    keys = {k for item in run.stats for k in item}
+    for rank in (0, 1):
+        mine = {k.split("/l:")[0] for k in keys if f"/l:rank{rank}-" in k}
+        assert {"cpu", "proc.memory.rssMB", "proc.memory.percent", "proc.cpu.threads"} <= mine
+    rss = [v for item in run.stats for k, v in item.items()
+           if k.startswith("proc.memory.rssMB/l:rank1-")]
+    assert rss and all(10 < v < 10_000 for v in rss)  # a Python process with torch loaded
+    assert "proc.memory.rssMB" in keys  # the logger's own, from wandb-core

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -36,7 +37,7 @@ def talk(run: Any, rank: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("behaviour", choices=["talk", "raise", "flood"])
+    parser.add_argument("behaviour", choices=["talk", "raise", "flood", "stats"])
     parser.add_argument("--plain", action="store_true")
     parser.add_argument("--lines", type=int, default=30_000)
     args = parser.parse_args()
@@ -51,13 +52,21 @@ def main() -> None:
     else:
         import wandb_funnel as wf
 
-        run = wf.init(project="console", name="console")
+        settings = {"x_stats_sampling_interval": 0.5} if args.behaviour == "stats" else None
+        run = wf.init(project="console", name="console", settings=settings)
     dist.barrier()
-    if args.behaviour == "flood":
+    if args.behaviour == "stats":
+        busy = time.monotonic() + 2.5  # work for the sampler to see, on every rank
+        while time.monotonic() < busy:
+            sum(range(10_000))
+    elif args.behaviour == "flood":
+        # Before the flood: every line rank 1 prints after it is in the count.
+        report(**{f"flooded_{rank}": True})
         if rank == 1:
             for i in range(args.lines):
-                print(f"flood {i}")
-        report(**{f"flooded_{rank}": True})
+                # One write a line: rank 0's REPORT line shares torchrun's stdout, and must
+                # not land between a line and its newline (print writes them separately).
+                sys.stdout.write(f"flood {i}\n")
     else:
         talk(run, rank)
     if args.behaviour == "raise":

@@ -29,6 +29,9 @@ class NullSink:
     def output(self, stream: str, text: str, timestamp: float) -> None:
         pass
 
+    def stats(self, data: dict[str, Any]) -> None:
+        pass
+
     def info(self) -> dict[str, Any]:
         return {"id": self.run_id}
 

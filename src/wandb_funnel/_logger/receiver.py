@@ -35,6 +35,7 @@ from wandb_funnel._protocol.messages import (
     MetricUpdate,
     Record,
     RecordBatch,
+    StatsUpdate,
     SummaryUpdate,
     Welcome,
 )
@@ -77,7 +78,7 @@ class Records:
 @dataclass(frozen=True, slots=True)
 class Update:
     rank: int
-    kind: str  # "config", "summary", "metric" (define_metric), "files" or "console"
+    kind: str  # config, summary, metric (define_metric), files, console or stats
     data: dict[str, Any]
 
 
@@ -278,6 +279,8 @@ class Receiver(threading.Thread):
             self.events.put(Update(peer.rank, "files", message.data))
         elif isinstance(message, ConsoleUpdate):
             self.events.put(Update(peer.rank, "console", message.data))
+        elif isinstance(message, StatsUpdate):
+            self.events.put(Update(peer.rank, "stats", message.data))
         elif isinstance(message, Blob):
             if not self.blobs.write(message):
                 self.junk_frames += 1

@@ -6,6 +6,7 @@ Write failures are counted and reported here, never raised into the logger's loo
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.sinks import Sink
 
 _FINISH_SLICE = 1_000  # rows released at a time while finishing
+_LABEL = re.compile(r"[\w.@-]{1,128}")  # a rank's stats label: rank1-host
 
 
 class RunWriter:
@@ -76,6 +78,17 @@ class RunWriter:
                 if with_media:
                     self.media.discard(parts)  # what wandb did not move into the run
 
+    def _stats(self, data: dict[str, Any]) -> None:
+        """A rank's system metrics, each key labelled as wandb labels a writer's."""
+        label, values = data.get("label"), data.get("stats")
+        if self.sink is None or self._broken is not None or type(label) is not str \
+                or not _LABEL.fullmatch(label) or type(values) is not dict:
+            return
+        numbers = {f"{k}/l:{label}": v for k, v in values.items()
+                   if type(k) is str and type(v) in (int, float)}
+        if numbers:
+            self._call("stats", self.sink.stats, numbers)
+
     def _log_with_media(self, out: dict[str, Any], media_keys: set[str]) -> None:
         """A media value wandb refuses costs its keys (counted), not the row's numbers."""
         assert self.sink is not None
@@ -102,6 +115,9 @@ class RunWriter:
             return
         if kind == "console":
             self.console.take(rank, data, self.sink if self._broken is None else None)
+            return
+        if kind == "stats":
+            self._stats(data)
             return
         if self.sink is None:
             return

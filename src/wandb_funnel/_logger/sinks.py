@@ -20,6 +20,9 @@ class Sink(Protocol):
     def output(self, stream: str, text: str, timestamp: float) -> None:
         """Console text (``stream`` is "stdout" or "stderr"), as wandb's capture records it."""
 
+    def stats(self, data: dict[str, Any]) -> None:
+        """A ``stats`` record (system metrics), keys already labelled."""
+
     def define_metric(self, data: dict[str, Any]) -> None:
         """``run.define_metric(**data)``, as a rank asked for it."""
 

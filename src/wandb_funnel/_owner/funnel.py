@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from wandb_funnel import _current
-from wandb_funnel._constants import EXPORTED_ENV, MEDIA_DIR
+from wandb_funnel._constants import DEFAULT_STATS_INTERVAL, EXPORTED_ENV, MEDIA_DIR
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
@@ -34,6 +34,19 @@ _TEARDOWN_TIMEOUT = 2.0  # seconds an exiting owner waits for wandb-core to shut
 
 # `_wandb` is imported inside the functions that use it: it loads `secrets` (hashlib, OpenSSL),
 # and every worker imports this module through the package without ever needing it.
+
+
+def _stats_interval(settings: dict[str, Any]) -> float:
+    """Seconds between system metrics samples, as the user's wandb settings say (0: off)."""
+    disabled = settings.get("x_disable_stats", os.environ.get("WANDB_X_DISABLE_STATS", ""))
+    if disabled is True or str(disabled).lower() in ("1", "true"):
+        return 0.0
+    raw = settings.get("x_stats_sampling_interval",
+                       os.environ.get("WANDB_X_STATS_SAMPLING_INTERVAL"))
+    try:
+        return float(raw) if raw is not None else DEFAULT_STATS_INTERVAL
+    except (TypeError, ValueError):
+        return DEFAULT_STATS_INTERVAL
 
 
 def user_program() -> dict[str, Any]:
@@ -127,6 +140,7 @@ class Funnel:
         # Every rank's console goes to the run unless the user said console="off".
         self._console = not (isinstance(settings, dict) and settings.get("console") == "off") \
             and os.environ.get("WANDB_CONSOLE") != "off"
+        self._stats_interval = _stats_interval(settings if isinstance(settings, dict) else {})
         self._logger: LoggerProcess | None = None
         self._address: str | None = None
         self._ipc_dir: str | None = None
@@ -232,6 +246,7 @@ class Funnel:
             self._run_info,
             self.options.max_media_bytes,
             self._console,
+            self._stats_interval,
         )
 
     def _export_env(self) -> None:

@@ -30,6 +30,7 @@ from wandb_funnel._protocol.messages import (
     METRIC,
     PROTOCOL_VERSION,
     RECORDS,
+    STATS,
     SUMMARY,
     WELCOME,
     Ack,
@@ -45,6 +46,7 @@ from wandb_funnel._protocol.messages import (
     Message,
     MetricUpdate,
     RecordBatch,
+    StatsUpdate,
     SummaryUpdate,
     Welcome,
 )
@@ -59,7 +61,7 @@ MAX_BATCH_RECORDS: Final = 1 << 20
 MAX_NESTING: Final = 256
 _UPDATE_NAMES: Final = {
     CONFIG: "config", SUMMARY: "summary", METRIC: "define_metric", FILES: "files",
-    CONSOLE: "console",
+    CONSOLE: "console", STATS: "stats",
 }
 
 
@@ -455,6 +457,8 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
                 return FilesUpdate(body[0])
             if kind == CONSOLE:
                 return ConsoleUpdate(body[0])
+            if kind == STATS:
+                return StatsUpdate(body[0])
             return SummaryUpdate(body[0]) if kind == SUMMARY else MetricUpdate(body[0])
         if kind == BLOB:
             _want(len(body) == 4, "blob needs 4 fields")

@@ -24,6 +24,7 @@ METRIC: Final = 7
 FILES: Final = 8  # log_artifact / save: files staged by name, see _worker/files.py
 BLOB: Final = 9  # a chunk of a media file, from a rank on another node (no shared disk)
 CONSOLE: Final = 10  # a process's stdout/stderr writes, see _worker/console.py
+STATS: Final = 11  # a process's system metrics, see _worker/system.py
 WELCOME: Final = 16
 DONE: Final = 17
 ACK: Final = 18
@@ -130,6 +131,12 @@ class ConsoleUpdate(NamedTuple):
     data: dict[str, Any]
 
 
+class StatsUpdate(NamedTuple):
+    """A process's system metrics: ``{"label": "rank1-host", "stats": {key: number}}``."""
+
+    data: dict[str, Any]
+
+
 class Blob(NamedTuple):
     """Bytes ``[offset, offset + len(data))`` of the staged file ``name`` (``total`` bytes in
     all), sent ahead of the record that names it by a rank that cannot write to the logger's
@@ -187,6 +194,7 @@ Message = (
     | MetricUpdate
     | FilesUpdate
     | ConsoleUpdate
+    | StatsUpdate
     | Blob
     | Goodbye
     | Close

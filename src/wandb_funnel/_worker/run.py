@@ -13,6 +13,7 @@ from wandb_funnel import _pid
 from wandb_funnel._constants import (
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_STATS_INTERVAL,
     ENV_ADDRESS,
     ENV_CONSOLE,
     ENV_CURVE,
@@ -22,17 +23,25 @@ from wandb_funnel._constants import (
     ENV_MAX_RECORD_BYTES,
     ENV_RUN_ID,
     ENV_RUN_INFO,
+    ENV_STATS_INTERVAL,
     ENV_TOKEN,
     FINAL_FLUSH_TIMEOUT,
     WELCOME_TIMEOUT,
 )
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY
-from wandb_funnel._worker import console, files, media
+from wandb_funnel._worker import console, files, media, system
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
 from wandb_funnel._worker.run_data import Config, Summary
 from wandb_funnel._worker.stream import Stream
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
+
+
+def _float(text: str | None, default: float) -> float:
+    try:
+        return float(text) if text else default
+    except ValueError:
+        return default
 
 
 class AttachInfo(NamedTuple):
@@ -48,6 +57,7 @@ class AttachInfo(NamedTuple):
     run_info: dict[str, Any] | None = None  # the open run's name, project, dir, url, ...
     max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
     console: bool = True  # copy this process's stdout/stderr to the run (console != "off")
+    stats_interval: float = DEFAULT_STATS_INTERVAL  # system metrics every so many seconds
 
     def to_env(self) -> dict[str, str]:
         """The WANDB_FUNNEL_* variables that let processes started later attach."""
@@ -58,6 +68,7 @@ class AttachInfo(NamedTuple):
             ENV_MAX_RECORD_BYTES: str(self.max_record_bytes),
             ENV_MAX_MEDIA_BYTES: str(self.max_media_bytes),
             ENV_CONSOLE: "1" if self.console else "0",
+            ENV_STATS_INTERVAL: repr(float(self.stats_interval)),
         }
         if self.logger_pid is not None:
             env[ENV_LOGGER_PID] = str(self.logger_pid)
@@ -90,6 +101,7 @@ class AttachInfo(NamedTuple):
             run_info=json.loads(run_info) if run_info else None,
             max_media_bytes=int(environ.get(ENV_MAX_MEDIA_BYTES, DEFAULT_MAX_MEDIA_BYTES)),
             console=environ.get(ENV_CONSOLE, "1") != "0",
+            stats_interval=_float(environ.get(ENV_STATS_INTERVAL), DEFAULT_STATS_INTERVAL),
         )
 
 
@@ -421,6 +433,7 @@ class Run:
                 self._step = 0
             if self._info.console and os.environ.get("WANDB_CONSOLE") != "off":
                 console.start(stream)  # this process's prints reach the run from here on
+            system.start(self._info.stats_interval)  # and its system metrics
         return stream
 
     # -- the end -------------------------------------------------------------------------------

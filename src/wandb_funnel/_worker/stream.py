@@ -33,7 +33,7 @@ from wandb_funnel._constants import (
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Ack, Blob, Goodbye, Hello, Welcome
 from wandb_funnel._protocol.sockets import STREAM_PREFIX, ClientSocket, term_process_context
-from wandb_funnel._worker import console, lifecycle
+from wandb_funnel._worker import console, lifecycle, system
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
 _HOSTNAME = socket.gethostname()
@@ -305,6 +305,10 @@ class Stream:
         self.wait_welcome(timeout)
         return self._rank
 
+    @property
+    def assigned_rank(self) -> int | None:
+        return self._rank
+
     def _rank_text(self) -> str:
         return "?" if self._rank is None else str(self._rank)
 
@@ -367,6 +371,12 @@ def _flush_loop(stop: threading.Event) -> None:
                 console.pump(stream)
             except Exception as exc:  # never let the flusher die silently
                 print(f"wandb-funnel: flusher: {exc!r}", file=sys.stderr)
+        mine = [s for s in streams if s.pid == os.getpid() and not s.closed]
+        if mine:  # this process's system metrics, through its first open stream
+            try:
+                system.tick(mine[0], now, mine[0].assigned_rank)
+            except Exception as exc:
+                print(f"wandb-funnel: system metrics: {exc!r}", file=sys.stderr)
 
 
 def _stop_flusher() -> None:

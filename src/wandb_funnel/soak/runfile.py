@@ -33,6 +33,7 @@ class WandbRun:
     record_types: dict[str, int] = field(default_factory=dict)  # how many of each kind
     output_raw: list[dict[str, Any]] = field(default_factory=list)  # console records
     environment: dict[str, Any] = field(default_factory=dict)  # program, args, host, ...
+    stats: list[dict[str, Any]] = field(default_factory=list)  # system metrics samples
 
     def count_cells(self, pattern: str) -> int:
         """How many history cells have a key matching ``pattern`` (a full-match regex)."""
@@ -85,6 +86,8 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             run.config.update(rec["config"].get("update", {}))
         elif kind == "metric":
             run.metrics.append(rec["metric"])
+        elif kind == "stats":
+            run.stats.append(rec["stats"].get("item", {}))
         elif kind == "output_raw":
             run.output_raw.append(rec["output_raw"])
         elif kind == "environment":
