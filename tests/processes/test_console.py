@@ -26,7 +26,7 @@ def _torchrun(scripts: Scripts, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _console(run: WandbRun) -> str:
-    return "".join(r["line"] for r in run.output_raw)
+    return "".join(r.get("line", "") for r in run.output_raw)
 
 
 def _run(scripts: Scripts, *args: str) -> tuple[subprocess.CompletedProcess[str], WandbRun]:
