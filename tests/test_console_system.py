@@ -1,0 +1,107 @@
+"""The console copy's bound and line rules, the logger's line assembly, and the system
+sampler, as pure logic (end to end under torchrun: tests/processes/test_console.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import types
+from typing import Any
+
+import pytest
+
+from wandb_funnel._logger.console import ConsoleLines
+from wandb_funnel._worker import console, system
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.out: list[tuple[str, str]] = []
+
+    def output(self, stream: str, text: str, timestamp: float) -> None:
+        self.out.append((stream, text))
+
+
+def test_the_logger_writes_whole_lines_labelled_and_keeps_half_lines_apart() -> None:
+    lines, sink = ConsoleLines(), Sink()
+    lines.take(1, {"lines": [[1, 1.0, "abc"]]}, sink)
+    lines.take(2, {"lines": [[1, 1.1, "other rank\n"]]}, sink)
+    lines.take(1, {"lines": [[1, 1.2, "def\n"], [2, 1.3, "err"], [1, 1.4, "\r10%\r20%"]]}, sink)
+    assert sink.out == [("stdout", "[rank 2] other rank\n"), ("stdout", "[rank 1] abcdef\n"),
+                        ("stdout", "[rank 1] \r[rank 1] 10%\r")]
+    lines.flush(sink)  # at close: what ranks left unfinished
+    assert sink.out[3:] == [("stdout", "[rank 1] 20%\n"), ("stderr", "[rank 1] err\n")]
+    assert lines.lines == 6 and lines.dropped == 0
+
+
+@pytest.fixture
+def budget(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh console state with a budget of 3 lines and no refill."""
+    monkeypatch.setattr(console, "CONSOLE_LINES_PER_S", 0)
+    monkeypatch.setattr(console, "_tokens", 3.0)
+    monkeypatch.setattr(console, "_pending", [])
+    monkeypatch.setattr(console, "_pending_chars", 0)
+    monkeypatch.setattr(console, "_dropped", 0)
+    monkeypatch.setattr(console, "_mode", {1: "start", 2: "start"})
+    return console
+
+
+def test_a_line_is_kept_or_dropped_whole_and_every_dropped_line_counted(budget: Any) -> None:
+    budget._capture(1, "one\ntwo\n")  # 2 lines: kept
+    budget._capture(1, "three")  # a line begun: kept (the last of the budget) ...
+    budget._capture(1, " and more\nfour")  # ... to its end; "four" begins past the budget
+    budget._capture(1, " still four\nfive\n")  # the rest of four, and five: dropped
+    taken, dropped = budget._take()
+    assert "".join(item[2] for item in taken) == "one\ntwo\nthree and more\n"
+    assert dropped == 2  # four and five, each counted once
+
+
+def test_the_console_copy_never_changes_what_the_terminal_gets(capsys: Any) -> None:
+    class Out:
+        def __init__(self) -> None:
+            self.text = ""
+
+        def write(self, text: str) -> int:
+            self.text += text
+            return len(text)
+
+    out = Out()
+    console._patch(out, 1)
+    console._patch(out, 1)  # once only
+    assert out.write("hello\n") == 6 and out.text == "hello\n"
+    assert getattr(out.write, "__wandb_funnel_console__", False)
+
+
+def test_the_sampler_reads_this_process_tree() -> None:
+    if not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")  # Linux only, as documented
+    sampler = system.Sampler(0.01)
+    first = sampler.sample(time.monotonic())
+    busy = time.monotonic() + 0.2
+    while time.monotonic() < busy:
+        sum(range(1000))
+    second = sampler.sample(time.monotonic())
+    assert "cpu" not in first and second["cpu"] > 10
+    assert second["proc.memory.rssMB"] > 5 and second["proc.cpu.threads"] >= 1
+
+
+def test_gpus_are_read_through_nvml_when_it_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.SimpleNamespace(
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + h, memory=20),
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(used=2 * 2**30, total=8 * 2**30),
+        nvmlDeviceGetPowerUsage=lambda h: 150_000,
+        nvmlDeviceGetTemperature=lambda h, kind: 61,
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    read = system._nvml()
+    assert read is not None
+    values = read()
+    assert values["gpu.1.gpu"] == 51 and values["gpu.0.memoryAllocated"] == 25.0
+    assert values["gpu.0.powerWatts"] == 150.0 and values["gpu.1.temp"] == 61
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: nothing, no error
+    assert system._nvml() is None
