@@ -28,11 +28,16 @@ def test_the_logger_writes_whole_lines_labelled_and_keeps_half_lines_apart() -> 
     lines.take(1, {"lines": [[1, 1.0, "abc"]]}, sink)
     lines.take(2, {"lines": [[1, 1.1, "other rank\n"]]}, sink)
     lines.take(1, {"lines": [[1, 1.2, "def\n"], [2, 1.3, "err"], [1, 1.4, "\r10%\r20%"]]}, sink)
-    assert sink.out == [("stdout", "[rank 2] other rank\n"), ("stdout", "[rank 1] abcdef\n"),
-                        ("stdout", "[rank 1] \r[rank 1] 10%\r")]
+    assert sink.out == [("stdout", "[rank 2] other rank\n"), ("stdout", "[rank 1] abcdef\n")]
+    # A progress bar's redraws: only the last stands, written when its line ends.
+    lines.take(1, {"lines": [[1, 1.5, "\r30%\r"], [1, 1.6, "\rdone\r\n"]]}, sink)
+    assert sink.out[2:] == [("stdout", "[rank 1] done\n")]
+    lines.take(1, {"lines": [[2, 1.7, " more"]]}, sink)
     lines.flush(sink)  # at close: what ranks left unfinished
-    assert sink.out[3:] == [("stdout", "[rank 1] 20%\n"), ("stderr", "[rank 1] err\n")]
-    assert lines.lines == 6 and lines.dropped == 0
+    assert sink.out[3:] == [("stderr", "[rank 1] err more\n")]
+    assert lines.lines == 4 and lines.dropped == 0
+    lines.take(3, {"lines": [[1, 2.0, "a\nb\n"]], "dropped": 5}, sink, late=True)
+    assert lines.dropped == 7 and len(sink.out) == 4  # past the close's deadline: counted
 
 
 @pytest.fixture
@@ -45,6 +50,17 @@ def budget(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(console, "_dropped", 0)
     monkeypatch.setattr(console, "_mode", {1: "start", 2: "start"})
     return console
+
+
+def test_redraws_cost_lines_and_a_kept_line_past_the_budget_is_cut(budget: Any) -> None:
+    budget._capture(1, "bar")  # a line begun: 1 of 3
+    budget._capture(1, "\r10%")  # a redraw: 2 of 3
+    budget._capture(1, "\r20%")  # 3 of 3
+    budget._capture(1, "\r30%\rmore\n")  # over: the kept part ends here, the rest is cut
+    budget._capture(1, "next\n")  # a new line, over the budget: dropped, counted
+    taken, dropped = budget._take()
+    assert "".join(item[2] for item in taken) == "bar\r10%\r20%\n"
+    assert dropped == 1
 
 
 def test_a_line_is_kept_or_dropped_whole_and_every_dropped_line_counted(budget: Any) -> None:

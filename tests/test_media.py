@@ -142,6 +142,7 @@ def test_past_the_in_flight_bound_media_are_dropped_and_counted(
     assert "waiting for the logger" in dropped["img"].desc["why"] and stager.dropped == 1
     for name in os.listdir(tmp_path / "media"):  # the logger takes the first one...
         os.unlink(tmp_path / "media" / name)
+    stager._swept = 0.0  # (a sweep for taken files runs at most once a second)
     third, _ = _encode(stager, {"img": image})  # ...and there is room again
     assert _decode(third)["img"].desc["k"] == "file"
 
@@ -431,3 +432,20 @@ def test_staging_from_many_threads_keeps_its_count(tmp_path: pathlib.Path) -> No
         t.join()
     assert errors == [] and stager.dropped == 0
     assert stager._inflight_bytes == sum(size for size, _ in stager._inflight.values())
+
+
+def test_one_value_logged_under_two_keys_is_staged_once_and_logged_once(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The rank stages it once (both keys name one file): the logger makes one wandb object
+    for both, so wandb moves the file once and the row is not lost."""
+    import wandb
+
+    stager = _stager(tmp_path)
+    image = wf.Image(np.zeros((4, 4, 3), np.uint8))
+    packed, staged = _encode(stager, {"a": image, "b": [image, image]})
+    assert len(staged) == 1
+    data = _decode(packed)
+    assert data["a"] is not data["b"][0] and data["a"].desc["f"] == data["b"][0].desc["f"]
+    out, _ = MediaFiles(str(tmp_path / "media")).materialize(data, wandb)
+    assert out["a"] is out["b"][0] is out["b"][1]

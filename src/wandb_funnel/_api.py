@@ -113,7 +113,9 @@ def _new_run(rank: int | None, kwargs: dict[str, Any], first_caller_hosts: bool)
                 FunnelWarning,
                 stacklevel=3,
             )
-        return Funnel(**kwargs).start().run
+        own = Funnel(**kwargs).start().run
+        own._attach(WELCOME_TIMEOUT)  # as after wandb.init: its prints reach the run from here
+        return own
     run = Run(info, requested_rank=rank if rank is not None else _env_rank())
     # Like wandb.init, init() returns once the run knows us: the logger then holds
     # rows for this rank, so ranks that sync after init (a barrier) merge at step 0.

@@ -143,6 +143,7 @@ def init_launched(
         record = {**info._asdict(), "tcp": funnel.tcp_address, "node": node}
         rendezvous.publish(key, record)
         run = funnel.run
+        run._attach(timeout)  # as every rank does: its prints reach the run from here on
     else:
         record = rendezvous.wait(key, "logger address")
         tcp, host_node = record.pop("tcp"), record.pop("node")

@@ -51,7 +51,7 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
         for text in (f"stdout line of rank {rank}\n", f"stderr line of rank {rank}\n",
                      f"UserWarning: a warning of rank {rank}",
                      f"WARNING train: a logging record of rank {rank}\n",
-                     f"\r[rank {rank}] progress 2/3 of rank {rank}"):
+                     f"progress 2/3 of rank {rank}\n"):
             assert f"[rank {rank}] {text}" in console or text in console, (text, console)
         mine = [line for line in console.replace("\r", "\n").splitlines()
                 if line.startswith(f"[rank {rank}] ")]

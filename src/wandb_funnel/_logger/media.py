@@ -105,7 +105,7 @@ class MediaFiles:
         keys: set[str] = set()
         # One wandb object per ref: shared mode logs a ref as {key}/rank{r} and, reduced, as
         # {key}; wandb binds (moves) its file once and points both at it.
-        made: dict[int, Any] = {}
+        made: dict[Any, Any] = {}
         for key, value in row.items():
             if type(value) not in _CONTAINERS:
                 out[key] = value
@@ -120,7 +120,7 @@ class MediaFiles:
                 continue
         return out, keys
 
-    def _convert(self, value: Any, wandb: Any, made: dict[int, Any]) -> Any:
+    def _convert(self, value: Any, wandb: Any, made: dict[Any, Any]) -> Any:
         kind = type(value)
         if kind is list:
             out = []
@@ -137,10 +137,13 @@ class MediaFiles:
             return {k: self._convert(v, wandb, made) for k, v in value.items()}
         if kind is not MediaRef:
             return value
-        known = made.get(id(value))
+        desc = value.desc
+        # A file named twice (one value logged under two keys: the rank staged it once) is
+        # one object too: wandb moves the file with the first, and the second is bound.
+        key = desc["f"] if type(desc.get("f")) is str else id(value)
+        known = made.get(key)
         if known is not None:
             return known
-        desc = value.desc
         what = desc["k"]
         if what == "dropped":
             self.dropped += 1
@@ -156,10 +159,10 @@ class MediaFiles:
         except Exception as exc:  # wandb refusing what a descriptor says
             raise BadMediaError(f"{type(exc).__name__}: {exc}") from exc
         self.logged += 1
-        made[id(value)] = obj
+        made[key] = obj
         return obj
 
-    def _make(self, what: str, desc: dict[str, Any], wandb: Any, made: dict[int, Any]) -> Any:
+    def _make(self, what: str, desc: dict[str, Any], wandb: Any, made: dict[Any, Any]) -> Any:
         if what == "histogram":
             return wandb.Histogram(np_histogram=(list(desc["histogram"]), list(desc["bins"])))
         if what == "table":
@@ -173,7 +176,7 @@ class MediaFiles:
             return self._file_media(desc, wandb, made)
         raise BadMediaError(f"unknown media kind {what!r:.40}")
 
-    def _table(self, desc: dict[str, Any], wandb: Any, made: dict[int, Any]) -> Any:
+    def _table(self, desc: dict[str, Any], wandb: Any, made: dict[Any, Any]) -> Any:
         data = [[self._cell(c, wandb, made) for c in row] for row in desc["data"]]
         columns = list(desc["columns"])
         log_mode = desc.get("log_mode") or "IMMUTABLE"
@@ -184,13 +187,13 @@ class MediaFiles:
             return wandb.Table(columns=columns, data=data, allow_mixed_types=True,
                                log_mode=log_mode)
 
-    def _cell(self, value: Any, wandb: Any, made: dict[int, Any]) -> Any:
+    def _cell(self, value: Any, wandb: Any, made: dict[Any, Any]) -> Any:
         try:
             return self._convert(value, wandb, made)
         except _Absent:
             return None  # a dropped image in a table: an empty cell, counted
 
-    def _file_media(self, desc: dict[str, Any], wandb: Any, made: dict[int, Any]) -> Any:
+    def _file_media(self, desc: dict[str, Any], wandb: Any, made: dict[Any, Any]) -> Any:
         name = desc.get("c")
         where = _FILE_CLASSES.get(name) if isinstance(name, str) else None
         if where is None or not isinstance(name, str):
@@ -223,7 +226,7 @@ class MediaFiles:
             raise BadMediaError("a staged media file needs its sha256")
         return obj
 
-    def _state_value(self, attr: str, item: Any, wandb: Any, made: dict[int, Any]) -> Any:
+    def _state_value(self, attr: str, item: Any, wandb: Any, made: dict[Any, Any]) -> Any:
         """One state value, checked where wandb builds a file name from it."""
         if attr == "_sha256":
             if not _is_hex64(item):

@@ -235,7 +235,8 @@ class Logger:
         elif isinstance(event, Ended):
             self._ended(event)
         elif isinstance(event, Update):
-            self._writer_for(event.rank).update(event.kind, event.data, event.rank)
+            late = self._write_deadline is not None and time.monotonic() >= self._write_deadline
+            self._writer_for(event.rank).update(event.kind, event.data, event.rank, late)
         elif isinstance(event, CloseAsked) and self._closing is None:
             self._begin_close(event.exit_code, event.budget, "closed by the owner", event.at)
 

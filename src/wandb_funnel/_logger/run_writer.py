@@ -78,12 +78,14 @@ class RunWriter:
                 if with_media:
                     self.media.discard(parts)  # what wandb did not move into the run
 
-    def _stats(self, data: dict[str, Any]) -> None:
-        """A rank's system metrics, each key labelled as wandb labels a writer's."""
-        label, values = data.get("label"), data.get("stats")
-        if self.sink is None or self._broken is not None or type(label) is not str \
-                or not _LABEL.fullmatch(label) or type(values) is not dict:
+    def _stats(self, data: dict[str, Any], rank: int) -> None:
+        """A rank's system metrics, each key labelled as wandb labels a writer's: the rank
+        the logger knows the peer by, and the host it says."""
+        host, values = data.get("host"), data.get("stats")
+        if self.sink is None or self._broken is not None or type(host) is not str \
+                or not _LABEL.fullmatch(host) or type(values) is not dict:
             return
+        label = f"rank{rank}-{host}"
         numbers = {f"{k}/l:{label}": v for k, v in values.items()
                    if type(k) is str and type(v) in (int, float)}
         if numbers:
@@ -94,9 +96,9 @@ class RunWriter:
         assert self.sink is not None
         try:
             self.sink.log(out)
-        except OSError:
+        except ConnectionError:  # wandb-core gone: the caller stops writing
             raise
-        except Exception as exc:
+        except Exception as exc:  # a media file wandb could not take (FileNotFoundError...)
             kept = {k: v for k, v in out.items() if k not in media_keys}
             left_out = len(out) - len(kept)
             self.media.dropped += left_out
@@ -109,15 +111,20 @@ class RunWriter:
         self._broken = "out of time"
         log_to_stderr(f"{self.name}: out of time to write rows; counting the rest as dropped")
 
-    def update(self, kind: str, data: dict[str, Any], rank: int = 0) -> None:
+    def update(
+        self, kind: str, data: dict[str, Any], rank: int = 0, late: bool = False
+    ) -> None:
+        """A rank's update. ``late``: past the close's write deadline, console text and
+        system metrics are counted or skipped, never written (the exit keeps its budget)."""
         if kind == "files":  # staged files: the writer's media takes them, and cleans up
             self.media.log_files(data, self.sink)
             return
         if kind == "console":
-            self.console.take(rank, data, self.sink if self._broken is None else None)
+            self.console.take(rank, data, self.sink if self._broken is None else None, late)
             return
         if kind == "stats":
-            self._stats(data)
+            if not late:
+                self._stats(data, rank)
             return
         if self.sink is None:
             return

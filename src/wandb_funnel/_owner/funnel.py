@@ -226,8 +226,6 @@ class Funnel:
         self._run = Run(
             self.attach_info(), requested_rank=self.topology.owner_rank, on_finish=self._finished
         )
-        if self._console:
-            self._run._live_stream()  # the owner's prints reach the run from the start
         self._run.config._seed(self._init_kwargs.get("config") or {})  # the run opened with it
         lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
         _current.adopt(self._run)

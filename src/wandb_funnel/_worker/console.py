@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from wandb_funnel._constants import CONSOLE_BURST, CONSOLE_LINES_PER_S, CONSOLE_PENDING_CHARS
@@ -27,7 +28,9 @@ from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import CONSOLE
 
 _MARK = "__wandb_funnel_console__"
-_MAX_FRAME_TEXT = 16 * 1024 * 1024
+# Text per CONSOLE frame: far below the logger's frame limit even for a small
+# max_record_bytes (it takes max_record_bytes + 260 KiB).
+_FRAME_TEXT = 192 * 1024
 
 # A signal handler that prints may interrupt a write on the same thread: re-entrant.
 _lock = threading.RLock()
@@ -51,6 +54,17 @@ def start(stream: Any) -> None:
             _carrier = stream
 
 
+def forget(stream: Any) -> None:
+    """``stream`` closed: if it carried the console, capture stops until a new one starts
+    (text written meanwhile would otherwise reach a later run of this process)."""
+    global _carrier, _pending, _pending_chars, _dropped
+    with _lock:
+        if _carrier is stream:
+            _carrier = None
+            _pending, _pending_chars, _dropped = [], 0, 0
+            _mode[1] = _mode[2] = "start"
+
+
 def _patch(target: Any, fd: int) -> None:
     if target is None:
         return
@@ -60,10 +74,11 @@ def _patch(target: Any, fd: int) -> None:
 
     def tee(text: Any, /) -> Any:
         written = write(text)
-        try:
-            _capture(fd, text)
-        except Exception:  # the console copy must never be what breaks a print
-            pass
+        if _carrier is not None:  # nothing to copy to before init, after finish, in a fork
+            try:
+                _capture(fd, text)
+            except Exception:  # the console copy must never be what breaks a print
+                pass
         return written
 
     setattr(tee, _MARK, True)
@@ -74,6 +89,10 @@ def _patch(target: Any, fd: int) -> None:
 
 
 def _capture(fd: int, text: Any) -> None:
+    """Keep or drop ``text``, a line at a time: a line is decided when it starts (a line and
+    each ``\r`` redraw cost one of the budget's lines); a kept line that outgrows the budget
+    is cut there (ended with a newline, the rest left out); a dropped line is counted at its
+    end."""
     global _pending_chars, _dropped
     if not isinstance(text, str):
         if not isinstance(text, (bytes, bytearray)):
@@ -83,39 +102,46 @@ def _capture(fd: int, text: Any) -> None:
         return
     now = time.time()
     with _lock:
-        keep = ""
+        keep: list[str] = []
         mode = _mode[fd]
         if mode != "start":  # the rest of a line already decided on
             end = text.find("\n")
             head, text = (text, "") if end < 0 else (text[: end + 1], text[end + 1:])
             if mode == "keep":
-                keep = head
-            elif end >= 0:
+                if _afford(head.count("\r"), len(head)):
+                    keep.append(head)
+                else:
+                    keep.append("\n")  # the kept part stands as a line of its own
+                    mode = "cut"
+            elif mode == "drop" and end >= 0:
                 _dropped += 1
             _mode[fd] = mode if end < 0 else "start"
         if text:
             lines = text.count("\n")
             partial = not text.endswith("\n")
-            if _afford(lines + partial, len(keep) + len(text)):
-                keep += text
+            if _afford(lines + partial + text.count("\r"), len(text)):
+                keep.append(text)
                 _mode[fd] = "keep" if partial else "start"
             else:
                 _dropped += lines
                 _mode[fd] = "drop" if partial else "start"
         if keep:
-            _pending.append([fd, now, keep])
-            _pending_chars += len(keep)
+            joined = "".join(keep)
+            _pending.append([fd, now, joined])
+            _pending_chars += len(joined)
 
 
 def note_traceback(exc: BaseException, process_name: str) -> None:
     """Add the traceback multiprocessing will print for ``exc`` to the console copy only (the
     terminal gets it from multiprocessing, after this process's stream has closed)."""
-    import traceback
-
     if _carrier is None:
         return
-    text = f"Process {process_name}:\n" + "".join(traceback.format_exception(exc))
-    _capture(2, text)
+    try:
+        import traceback
+
+        _capture(2, f"Process {process_name}:\n" + "".join(traceback.format_exception(exc)))
+    except Exception:  # never what keeps the streams from closing
+        pass
 
 
 def _afford(lines: int, chars: int) -> bool:
@@ -138,20 +164,42 @@ def _take() -> tuple[list[list[Any]], int]:
     return taken, dropped
 
 
-def pump(stream: Any) -> None:
-    """Send what this process wrote since the last pump, if ``stream`` carries it. Never
-    waits: a frame the logger's queue cannot take now is counted as dropped lines."""
+def pump(stream: Any, send: Callable[[bytes], bool]) -> None:
+    """Send what this process wrote since the last pump through ``send``, if ``stream``
+    carries the console; the caller holds the stream's lock, so a close cannot slip between
+    taking the text and sending it. Frames stay far below any frame limit; one the queue
+    does not take is counted as dropped lines."""
     global _dropped
     if stream is not _carrier:
         return
     lines, dropped = _take()
     if not lines and not dropped:
         return
-    frame = codec.encode_update(CONSOLE, {"lines": lines, "dropped": dropped}, _MAX_FRAME_TEXT)
-    if not stream.send_console(frame):
-        lost = sum(item[2].count("\n") for item in lines) + dropped
+    lost = 0
+    for chunk in _chunks(lines):
+        frame = codec.encode_update(CONSOLE, {"lines": chunk, "dropped": dropped}, 1 << 22)
+        if send(frame):
+            dropped = 0
+        else:
+            lost += sum(item[2].count("\n") for item in chunk)
+    if lost or dropped:
         with _lock:
-            _dropped += lost
+            _dropped += lost + dropped
+
+
+def _chunks(lines: list[list[Any]]) -> list[list[list[Any]]]:
+    """``lines`` in frames of at most ``_FRAME_TEXT`` characters (a long write split)."""
+    out: list[list[list[Any]]] = [[]]
+    size = 0
+    for fd, when, text in lines:
+        for start in range(0, len(text), _FRAME_TEXT):
+            piece = text[start:start + _FRAME_TEXT]
+            if size + len(piece) > _FRAME_TEXT and out[-1]:
+                out.append([])
+                size = 0
+            out[-1].append([fd, when, piece])
+            size += len(piece)
+    return out
 
 
 def carrier() -> Any:

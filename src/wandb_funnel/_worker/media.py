@@ -462,6 +462,7 @@ class Stager:
         self.max_bytes = max_bytes
         self._inflight: dict[str, tuple[int, float]] = {}  # path -> (size, when staged)
         self._inflight_bytes = 0
+        self._swept = 0.0
         self._lock = threading.Lock()
         self._seq = 0
         self.dropped = 0
@@ -476,6 +477,9 @@ class Stager:
         if self._inflight_bytes + size <= MEDIA_INFLIGHT_BYTES:
             return True
         now = time.monotonic()
+        if now < self._swept + 1.0:
+            return False  # swept within the last second: a stat per file is not free
+        self._swept = now
         for path, (length, when) in list(self._inflight.items()):
             if now - when > _INFLIGHT_EXPIRY or not os.path.exists(path):
                 del self._inflight[path]
@@ -534,6 +538,8 @@ class Stager:
         again). ``checked=False`` for the user's artifacts and saved files: no size cap and
         no in-flight bound."""
         if self.directory is None:
+            if checked:
+                self._reserve(None, os.path.getsize(source))  # before reading it
             with open(source, "rb") as f:
                 return self.stage_bytes(f.read(), ext, enc)
         name = self._new_name(ext)

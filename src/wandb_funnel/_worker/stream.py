@@ -151,15 +151,21 @@ class Stream:
             self._last_sent = time.monotonic()
             return True
 
-    def send_console(self, frame: bytes) -> bool:
-        """Send this process's console text (``console.pump``); never waits."""
+    def pump_console(self) -> None:
+        """Send this process's console text, if this stream carries it (the flusher's call).
+        Skipped when another thread holds the stream (a close pumps it itself)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if not self.closed:
+                console.pump(self, self._sock.try_send)
+        finally:
+            self._lock.release()
+
+    def send_side(self, frame: bytes) -> bool:
+        """Send a frame beside the records (system metrics); never waits."""
         with self._lock:
-            if self.closed:
-                return False
-            sent = self._sock.try_send(frame)
-            if sent:
-                self._last_sent = time.monotonic()
-            return sent
+            return not self.closed and self._sock.try_send(frame)
 
     def send_control(self, frame: bytes) -> bool:
         """Send a config/summary update after everything logged before it."""
@@ -220,7 +226,10 @@ class Stream:
                 return max(0.0, deadline - time.monotonic()) if alive else 0.0
 
             self._send_batch(left())
-            console.pump(self)  # what this process printed last (a traceback) goes first
+            try:  # what this process printed last (a traceback) goes before the goodbye
+                console.pump(self, lambda frame: self._sock.send_within(frame, left()))
+            except Exception:
+                pass
             goodbye = codec.encode_goodbye(Goodbye(self._seq, reason, exit_code))
             said_goodbye = self._sock.send_within(goodbye, left())
             received = self._await_ack(deadline) if said_goodbye and alive else None
@@ -232,6 +241,7 @@ class Stream:
         finally:
             self._lock.release()
             _unregister(self)
+            console.forget(self)
 
     def _await_ack(self, deadline: float) -> int | None:
         while True:
@@ -305,10 +315,6 @@ class Stream:
         self.wait_welcome(timeout)
         return self._rank
 
-    @property
-    def assigned_rank(self) -> int | None:
-        return self._rank
-
     def _rank_text(self) -> str:
         return "?" if self._rank is None else str(self._rank)
 
@@ -368,13 +374,13 @@ def _flush_loop(stop: threading.Event) -> None:
         for stream in streams:
             try:
                 stream.flush_if_stale(now)
-                console.pump(stream)
+                stream.pump_console()
             except Exception as exc:  # never let the flusher die silently
                 print(f"wandb-funnel: flusher: {exc!r}", file=sys.stderr)
         mine = [s for s in streams if s.pid == os.getpid() and not s.closed]
         if mine:  # this process's system metrics, through its first open stream
             try:
-                system.tick(mine[0], now, mine[0].assigned_rank)
+                system.tick(mine[0], now)
             except Exception as exc:
                 print(f"wandb-funnel: system metrics: {exc!r}", file=sys.stderr)
 

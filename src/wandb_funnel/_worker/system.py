@@ -32,7 +32,8 @@ _HOST = socket.gethostname().split(".")[0]
 
 
 def _stat(pid: int) -> tuple[int, float, int] | None:
-    """(ppid, cpu seconds, threads) of ``pid`` from /proc, or None."""
+    """(ppid, cpu seconds, threads) of ``pid`` from /proc, or None. The cpu seconds include
+    its waited-for children's, so a DataLoader worker that exits keeps its share."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             raw = f.read().decode("ascii", "replace")
@@ -40,7 +41,8 @@ def _stat(pid: int) -> tuple[int, float, int] | None:
         return None
     fields = raw[raw.rfind(")") + 2:].split()  # after "pid (comm) ": state is fields[0]
     try:
-        return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[17])
+        cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICKS
+        return int(fields[1]), cpu, int(fields[17])
     except (IndexError, ValueError):
         return None
 
@@ -92,7 +94,9 @@ class Sampler:
         self._next = time.monotonic() + interval
         self._last: tuple[float, float] | None = None  # (monotonic, cpu seconds of the tree)
         self._memory_total = _memory_total()
-        self._gpus: Any = _nvml() if os.environ.get("LOCAL_RANK", "0") == "0" else None
+        # NVML is opened at the first sample, on the flusher thread: never in a log() call.
+        self._gpus: Any = None
+        self._gpus_tried = os.environ.get("LOCAL_RANK", "0") != "0"  # one process per node
 
     def due(self, now: float) -> bool:
         return now >= self._next
@@ -112,6 +116,9 @@ class Sampler:
             if self._memory_total:
                 out["proc.memory.percent"] = 100.0 * rss / self._memory_total
             out["proc.cpu.threads"] = sum(s[2] for _, s in alive)
+        if not self._gpus_tried:
+            self._gpus_tried = True
+            self._gpus = _nvml()
         if self._gpus is not None:
             out.update(self._gpus())
         return out
@@ -162,13 +169,13 @@ def start(interval: float) -> None:
         _sampler, _sampler_pid = Sampler(interval), os.getpid()
 
 
-def tick(stream: Any, now: float, label_rank: int | None) -> None:
+def tick(stream: Any, now: float) -> None:
     """Send a sample through ``stream`` when one is due (the flusher thread's call)."""
     sampler = _sampler
     if sampler is None or _sampler_pid != os.getpid() or not sampler.due(now):
         return
     values = sampler.sample(now)
     if values:
-        label = f"rank{'?' if label_rank is None else label_rank}-{_HOST}"
-        frame = codec.encode_update(STATS, {"label": label, "stats": values}, 1 << 20)
-        stream.send_console(frame)  # never waits; a sample that does not fit is skipped
+        # The logger labels it with the rank it knows this stream by (rank{r}-{host}).
+        frame = codec.encode_update(STATS, {"host": _HOST, "stats": values}, 1 << 20)
+        stream.send_side(frame)  # never waits; a sample that does not fit is skipped
