@@ -45,6 +45,13 @@ class Store:
         return Rendezvous()
 
 
+class UnattachedRun(Run):
+    """The hosting rank's run of a FakeFunnel: there is no logger to attach to."""
+
+    def _attach(self, timeout: float) -> bool:
+        return True
+
+
 class FakeFunnel:
     made: ClassVar[list[FakeFunnel]] = []
     fail_with: Exception | None = None
@@ -65,7 +72,7 @@ class FakeFunnel:
 
     @property
     def run(self) -> Run:
-        return Run(self.attach_info(), requested_rank=self.topology.owner_rank)
+        return UnattachedRun(self.attach_info(), requested_rank=self.topology.owner_rank)
 
 
 @pytest.fixture
