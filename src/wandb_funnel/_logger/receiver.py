@@ -41,6 +41,12 @@ from wandb_funnel._protocol.messages import (
 )
 from wandb_funnel._protocol.sockets import LoggerSocket
 
+# A rank's updates, handed to the writer as they come: the message type -> Update.kind.
+_UPDATE_KINDS: dict[type, str] = {
+    ConfigUpdate: "config", SummaryUpdate: "summary", MetricUpdate: "metric",
+    FilesUpdate: "files", ConsoleUpdate: "console", StatsUpdate: "stats",
+}
+
 _TICK = 0.05  # seconds between checks when the socket is quiet
 # A receiver that has not seen its socket empty for this long is behind on its input. (Idle,
 # it sees it empty every _TICK; keeping up, after every few hundred frames.)
@@ -269,18 +275,8 @@ class Receiver(threading.Thread):
             self._end(peer, gone=False, exit_code=message.exit_code)
             # The receipt lets the worker know (and say) whether anything went missing.
             self._sock.reply(identity, codec.encode_ack(Ack(peer.received)))
-        elif isinstance(message, ConfigUpdate):
-            self.events.put(Update(peer.rank, "config", message.data))
-        elif isinstance(message, SummaryUpdate):
-            self.events.put(Update(peer.rank, "summary", message.data))
-        elif isinstance(message, MetricUpdate):
-            self.events.put(Update(peer.rank, "metric", message.data))
-        elif isinstance(message, FilesUpdate):
-            self.events.put(Update(peer.rank, "files", message.data))
-        elif isinstance(message, ConsoleUpdate):
-            self.events.put(Update(peer.rank, "console", message.data))
-        elif isinstance(message, StatsUpdate):
-            self.events.put(Update(peer.rank, "stats", message.data))
+        elif type(message) in _UPDATE_KINDS:
+            self.events.put(Update(peer.rank, _UPDATE_KINDS[type(message)], message.data))
         elif isinstance(message, Blob):
             if not self.blobs.write(message):
                 self.junk_frames += 1
