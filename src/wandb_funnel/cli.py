@@ -91,17 +91,24 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
     counts = dict.fromkeys((s.name for s in chosen), 0)
     plain_counts = dict.fromkeys((s.name for s in chosen if s.plain), 0)
     done: list[Iteration] = []
+    aborted = 0  # iterations whose jobs a second Ctrl-C killed: not judged
     lock = threading.Lock()
-    stopping = threading.Event()
+    stopping, aborting = threading.Event(), threading.Event()
 
     def stop(signum: int, frame: object) -> None:
         # First Ctrl-C or SIGTERM: no new iterations; the running ones finish and the table
-        # is written. A second Ctrl-C interrupts as usual.
-        if stopping.is_set() and signum == signal.SIGINT:
+        # is written. A second one: the running iterations' jobs are killed (those are left
+        # out of the table), then the table is written. A third Ctrl-C interrupts as usual.
+        if aborting.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
+        if stopping.is_set():
+            aborting.set()
+            print("aborting: killing the running iterations, then writing the table",
+                  file=sys.stderr, flush=True)
+            return
         stopping.set()
-        print("stopping: finishing the running iterations, then writing the table",
-              file=sys.stderr, flush=True)
+        print("stopping: finishing the running iterations, then writing the table "
+              "(again to abort them)", file=sys.stderr, flush=True)
 
     def next_job() -> tuple[Scenario, int, bool] | None:
         with lock:
@@ -123,7 +130,12 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
 
     def work(job: tuple[Scenario, int, bool]) -> Iteration:
         scenario, index, plain = job
-        it = run_iteration(scenario, index, runs_dir, f"{seed}-{scenario.name}-{index}", plain)
+        it = run_iteration(scenario, index, runs_dir, f"{seed}-{scenario.name}-{index}", plain,
+                           aborting)
+        if it.aborted:
+            print(f"{scenario.name} #{index}: aborted (its job killed; not in the table)",
+                  flush=True)
+            return it
         status = "ok" if it.ok else "FAILED: " + "; ".join(it.problems)
         if user:
             fault = "" if not it.fault else (
@@ -153,7 +165,8 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
                 if not running:
                     break
                 finished, running = wait(running, return_when=FIRST_COMPLETED)
-                done.extend(f.result() for f in finished)
+                done.extend(it for f in finished if not (it := f.result()).aborted)
+                aborted += sum(f.result().aborted for f in finished)
     finally:
         for signum, handler in handlers.items():  # the caller's (a test's) handlers again
             signal.signal(signum, handler)
@@ -167,6 +180,7 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "duration_min": round((time.monotonic() - t0) / 60, 1),
         "stopped_early": stopping.is_set(),
+        "aborted_iterations": aborted,
         "iterations": sum(1 for i in done if not i.plain),
         "plain_iterations": sum(1 for i in done if i.plain),
         "jobs": args.jobs,
@@ -180,9 +194,12 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
     print()
     print(report.text(rows, columns) if rows else "(no iterations)")
     failed = sum(row["failed"] for row in rows)
-    print(f"\n{header['iterations']} iterations, {failed} failed; "
+    killed = f", {aborted} aborted" if aborted else ""
+    print(f"\n{header['iterations']} iterations, {failed} failed{killed}; "
           f"table in {out / 'soak.md'} and {out / 'soak.json'}")
-    return 1 if failed else 0
+    if failed:
+        return 1
+    return 130 if aborted else 0  # 130: a Ctrl-C's, as a shell reports it
 
 
 def _soak_parser(sub: Any) -> argparse.ArgumentParser:

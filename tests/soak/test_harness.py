@@ -6,6 +6,7 @@ job's environment and the marker scan."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import random
@@ -13,6 +14,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -272,3 +275,137 @@ def test_a_marked_process_on_a_pid_seen_before_is_signalled(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_events_being_written_are_read_whole_or_not_at_all(tmp_path: pathlib.Path) -> None:
+    from wandb_funnel.soak import probe
+
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event": "ready", "t": 1}\n{"event": "wor')  # the second still written
+    assert probe.read_events(str(path)) == [{"event": "ready", "t": 1}]
+    path.write_text('{"event": "ready", "t": 1}\nnot an event\n')
+    with pytest.raises(ValueError, match="Expecting value"):
+        probe.read_events(str(path))
+
+
+# A program that starts a marked helper in a session of its own (as the logger and wandb-core
+# are), says where it is, then waits for the harness.
+_SPAWNS_AND_WAITS = """
+import os, subprocess, sys, time
+from wandb_funnel.soak import probe
+helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                          start_new_session=True)
+probe.event("ready", helper=helper.pid, tmp=os.environ["TMPDIR"])
+{then}
+time.sleep(600)
+"""
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """The SIGKILLed helper is reaped by init: wait (bounded) until its pid is free."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                time.sleep(0.05)
+                continue
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _ready(it: harness.Iteration) -> dict[str, Any]:
+    """The program's ready event (its first line): its helper's pid and its private TMPDIR."""
+    with open(pathlib.Path(it.directory) / "events.jsonl") as f:
+        return json.loads(f.readline())  # type: ignore[no-any-return]
+
+
+@pytest.mark.soak
+@pytest.mark.processes
+def test_a_fault_of_the_harness_fails_the_iteration_and_kills_the_job(
+    tmp_path: pathlib.Path,
+) -> None:
+    """An exception inside the harness (here: a complete line in the events file that is not
+    an event) fails that iteration, names the error, and leaves no process of the job (the
+    helper has a session of its own, as the logger and wandb-core do) and no temp dir."""
+    then = 'open(os.environ[probe.EVENTS_ENV], "a").write("not an event\\n")'
+    code = _SPAWNS_AND_WAITS.format(then=then)
+    scenario = _scenario(tmp_path, code, deadline=60, run_exit=None)
+    it = run_iteration(scenario, 1, tmp_path / "out", "s")
+    assert len(it.problems) == 1 and it.problems[0].startswith("harness error: JSONDecodeError")
+    assert "JSONDecodeError" in (pathlib.Path(it.directory) / "harness-error.txt").read_text()
+    assert not it.hang
+    assert _gone(_ready(it)["helper"])
+    assert jobenv.marked_processes(it.mark) == []
+    assert not os.path.exists(_ready(it)["tmp"])
+
+
+@pytest.mark.soak
+@pytest.mark.processes
+def test_an_aborted_iteration_kills_its_job_and_is_not_judged(tmp_path: pathlib.Path) -> None:
+    code = _SPAWNS_AND_WAITS.format(then="")
+    scenario = _scenario(tmp_path, code, deadline=60)  # run_exit=0: would fail if judged
+    abort = threading.Event()
+    events = tmp_path / "out" / "misbehaving-0001" / "events.jsonl"
+
+    def abort_once_ready() -> None:
+        from wandb_funnel.soak import probe
+
+        while not probe.read_events(str(events)):
+            if abort.wait(0.05):
+                return
+        abort.set()
+
+    watcher = threading.Thread(target=abort_once_ready)
+    watcher.start()
+    try:
+        it = run_iteration(scenario, 1, tmp_path / "out", "s", abort=abort)
+    finally:
+        abort.set()
+        watcher.join()
+    assert it.aborted and it.problems == [] and not it.hang
+    assert _gone(_ready(it)["helper"])
+    assert jobenv.marked_processes(it.mark) == []
+    assert not os.path.exists(_ready(it)["tmp"])
+
+
+@pytest.mark.soak
+@pytest.mark.processes
+def test_a_second_ctrl_c_aborts_the_soak_and_the_table_is_still_written(
+    tmp_path: pathlib.Path,
+) -> None:
+    """`wandb-funnel soak -- CMD`: the first Ctrl-C lets the running iteration finish; the
+    second kills its job, writes the table (without it), and exits 130."""
+    program = tmp_path / "program.py"
+    program.write_text(_SPAWNS_AND_WAITS.format(then=""))
+    out = tmp_path / "out"
+    soak = subprocess.Popen(
+        [sys.executable, "-m", "wandb_funnel", "soak", "--fault", "none", "--iterations", "1",
+         "--wait-ready", "--out", str(out), "--", sys.executable, str(program)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        events = out / "iterations" / "none-0001" / "events.jsonl"
+        from wandb_funnel.soak import probe
+
+        while not probe.read_events(str(events)):
+            assert soak.poll() is None, soak.communicate()
+            time.sleep(0.05)
+        helper = int(probe.read_events(str(events))[0]["helper"])
+        assert soak.stderr is not None
+        soak.send_signal(signal.SIGINT)
+        assert any(line.startswith("stopping:") for line in soak.stderr)
+        soak.send_signal(signal.SIGINT)  # only once the first was handled: never merged
+        assert any(line.startswith("aborting:") for line in soak.stderr)
+        stdout, _ = soak.communicate(timeout=60)
+    finally:
+        if soak.poll() is None:
+            soak.kill()
+            soak.communicate()
+    assert soak.returncode == 130, stdout
+    assert "none #1: aborted" in stdout and "0 iterations, 0 failed, 1 aborted" in stdout
+    assert "Aborted: 1 running iterations" in (out / "soak.md").read_text()
+    assert _gone(helper)

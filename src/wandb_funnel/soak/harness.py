@@ -16,7 +16,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -70,6 +72,7 @@ class Iteration:
     runs: list[dict[str, Any]] = field(default_factory=list)  # what each .wandb file says
     grace_killed: list[str] = field(default_factory=list)  # role:pid the grace's SIGKILL hit
     mark: str = ""  # the job's marker (jobenv.MARK_VAR): finds its processes
+    aborted: bool = False  # the soak was aborted (a second Ctrl-C): killed, not judged
 
     @property
     def ok(self) -> bool:
@@ -110,8 +113,8 @@ def _is_helper(proc: psutil.Process) -> bool:
 class _Job:
     """The processes of one iteration, found by marker; scanning is cached by pid."""
 
-    def __init__(self, mark: str, owner_pid: int) -> None:
-        self.mark, self.owner_pid = mark, owner_pid
+    def __init__(self, mark: str, owner: subprocess.Popen[bytes]) -> None:
+        self.mark, self.owner, self.owner_pid = mark, owner, owner.pid
         self._known: dict[tuple[int, float], bool] = {}
 
     def processes(self) -> list[psutil.Process]:
@@ -129,7 +132,8 @@ class _Job:
         wandb-core, the logger and a worker but not the owner, once in 753 iterations."""
         reached = []
         found = self.processes()
-        if all(p.pid != self.owner_pid for p in found):
+        # Not once reaped: its pid may be anyone's then.
+        if self.owner.poll() is None and all(p.pid != self.owner_pid for p in found):
             try:
                 found.insert(0, psutil.Process(self.owner_pid))
             except psutil.Error:
@@ -231,12 +235,14 @@ class _Fault:
         elif action == "kill-wandb-core":
             return self._kill_one("wandb-core")
         elif action == "stall-wandb-core":
-            cores = self.job.by_role("wandb-core")
-            if not cores:
+            for proc in self.job.by_role("wandb-core"):
+                try:
+                    proc.suspend()
+                except psutil.Error:
+                    continue  # exited since the scan
+                self.stopped.append(proc)
+            if not self.stopped:
                 return False
-            for proc in cores:
-                proc.suspend()
-            self.stopped = cores
             self.later.append((now + grace, self.resume))
         else:
             raise ValueError(f"unknown fault action {action!r}")
@@ -331,12 +337,14 @@ def _describe(proc: psutil.Process) -> str:
 
 
 def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: str,
-                  plain: bool = False) -> Iteration:
+                  plain: bool = False, abort: threading.Event | None = None) -> Iteration:
     """Run ``scenario`` once (its plain-wandb program when ``plain``) and check everything.
 
     The iteration's directory (``out_dir/<name>-<index>``) is the job's ``WANDB_DIR`` and
     holds its stdout, stderr and probe files. A matrix's program runs there; a user's command
     (``Scenario.command``) runs in the current directory, where its relative paths point.
+    Once ``abort`` is set the job is killed and the iteration returned ``aborted``, unjudged.
+    Whatever happens here, no process of the job and none of its temp files outlive the call.
     """
     program = scenario.plain if plain and scenario.plain else scenario.program
     it = Iteration(scenario.name, index, seed, plain)
@@ -365,21 +373,31 @@ def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: s
             shutil.rmtree(tmp, ignore_errors=True)
             it.problems.append(f"cannot start {it.command[0]!r}: {exc}")
             return it
+    job = _Job(mark, proc)
     try:
-        _supervise(scenario, it, proc, mark, events, rng, plain)
+        _supervise(scenario, it, proc, job, events, rng, plain, abort)
+        if not it.aborted:
+            _check_sockets(it, tmp)
+            _account(scenario, it, directory, sent, plain)
+    except Exception as exc:
+        # The harness's own fault fails this iteration and says so; it must not end the whole
+        # soak without a table, leaving the job (the logger and wandb-core have sessions of
+        # their own) running.
+        (directory / "harness-error.txt").write_text(traceback.format_exc())
+        it.problems.append(f"harness error: {exc!r} (traceback in harness-error.txt)")
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # never killpg a reaped owner's pid: it may be reused
             _killpg(proc.pid)
-            proc.wait()
-    _check_sockets(it, tmp)
-    _account(scenario, it, directory, sent, plain)
+        job.signal_all(signal.SIGKILL)
+        proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     return it
 
 
-def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes], mark: str,
-               events: str, rng: random.Random, plain: bool) -> None:
+def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes], job: _Job,
+               events: str, rng: random.Random, plain: bool,
+               abort: threading.Event | None) -> None:
     t_start, wall_start = time.monotonic(), time.time()
-    job = _Job(mark, proc.pid)
     fault = _Fault(scenario, job, rng, proc, t_start)
     deadline = t_start + scenario.deadline
     owner_gone: float | None = None
@@ -417,6 +435,10 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
             break
         if owner_gone is not None and now > min(deadline, owner_gone + LINGER_LIMIT):
             break
+        if abort is not None and abort.is_set():
+            it.aborted = True
+            fault.resume()
+            return  # run_iteration kills the job
         time.sleep(_TICK)
     fault.resume()
     left = job.processes()
