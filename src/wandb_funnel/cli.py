@@ -76,7 +76,7 @@ def _seconds_range(text: str) -> tuple[float, float]:
 
 def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]) -> int:
     from wandb_funnel.soak import report
-    from wandb_funnel.soak.harness import run_iteration
+    from wandb_funnel.soak.harness import Iteration, run_iteration
 
     user = bool(args.target)
     missing = [s for s in chosen if any(importlib.util.find_spec(m) is None for m in s.needs)]
@@ -94,6 +94,7 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
     aborted = 0  # iterations whose jobs a second Ctrl-C killed: not judged
     lock = threading.Lock()
     stopping, aborting = threading.Event(), threading.Event()
+    abort_signal = [signal.SIGINT]  # the signal that aborted: the exit code says which
 
     def stop(signum: int, frame: object) -> None:
         # First Ctrl-C or SIGTERM: no new iterations; the running ones finish and the table
@@ -102,6 +103,7 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
         if aborting.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if stopping.is_set():
+            abort_signal[0] = signal.Signals(signum)
             aborting.set()
             print("aborting: killing the running iterations, then writing the table",
                   file=sys.stderr, flush=True)
@@ -130,11 +132,17 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
 
     def work(job: tuple[Scenario, int, bool]) -> Iteration:
         scenario, index, plain = job
-        it = run_iteration(scenario, index, runs_dir, f"{seed}-{scenario.name}-{index}", plain,
-                           aborting)
+        it_seed = f"{seed}-{scenario.name}-{index}"
+        try:
+            it = run_iteration(scenario, index, runs_dir, it_seed, plain, aborting)
+        except Exception as exc:  # before its job started (its directory): fails this one only
+            it = Iteration(scenario.name, index, it_seed, plain,
+                           problems=[f"harness error: {exc!r}"])
         if it.aborted:
             print(f"{scenario.name} #{index}: aborted (its job killed; not in the table)",
                   flush=True)
+            if not args.keep:
+                shutil.rmtree(it.directory, ignore_errors=True)
             return it
         status = "ok" if it.ok else "FAILED: " + "; ".join(it.problems)
         if user:
@@ -167,6 +175,11 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
                 finished, running = wait(running, return_when=FIRST_COMPLETED)
                 done.extend(it for f in finished if not (it := f.result()).aborted)
                 aborted += sum(f.result().aborted for f in finished)
+    except BaseException:
+        # A third Ctrl-C, or a bug here: the running iterations kill their jobs (they check
+        # this each tick) while the executor waits for them, so nothing is left running.
+        aborting.set()
+        raise
     finally:
         for signum, handler in handlers.items():  # the caller's (a test's) handlers again
             signal.signal(signum, handler)
@@ -199,7 +212,7 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
           f"table in {out / 'soak.md'} and {out / 'soak.json'}")
     if failed:
         return 1
-    return 130 if aborted else 0  # 130: a Ctrl-C's, as a shell reports it
+    return 128 + abort_signal[0] if aborted else 0  # as a shell reports the signal's exit
 
 
 def _soak_parser(sub: Any) -> argparse.ArgumentParser:

@@ -22,12 +22,12 @@ from tests.conftest import Scripts, reports
 from tests.wandb_reader import find_runs
 from wandb_funnel._constants import BATCH_RECORDS
 
-pytestmark = pytest.mark.processes
-
 PROGRAM = pathlib.Path(__file__).parent.parent / "programs" / "signal_ownership.py"
 STEPS = BATCH_RECORDS + 20  # as in the program
 HANDLER_EXIT = 42
 REPEAT = int(os.environ.get("WANDB_FUNNEL_TEST_REPEAT", "1"))
+# Each case's time limit grows with its repeats (pyproject's timeout is for one run).
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120 * REPEAT)]
 LANDS = ("training", "finish", "exit")
 
 

@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import pathlib
+import queue
 import random
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from wandb_funnel import cli
-from wandb_funnel.soak import harness, jobenv
+from wandb_funnel.soak import harness, jobenv, probe
 from wandb_funnel.soak.harness import run_iteration
 from wandb_funnel.soak.scenarios import (
     USER_FAULTS,
@@ -278,49 +279,43 @@ def test_a_marked_process_on_a_pid_seen_before_is_signalled(
 
 
 def test_events_being_written_are_read_whole_or_not_at_all(tmp_path: pathlib.Path) -> None:
-    from wandb_funnel.soak import probe
-
     path = tmp_path / "events.jsonl"
     path.write_text('{"event": "ready", "t": 1}\n{"event": "wor')  # the second still written
     assert probe.read_events(str(path)) == [{"event": "ready", "t": 1}]
+    # Once the job has ended nothing is writing: a whole last line counts, a cut one never.
+    path.write_text('{"event": "ready", "t": 1}\n{"event": "end", "t": 2}')
+    assert [e["event"] for e in probe.read_events(str(path), final=True)] == ["ready", "end"]
+    path.write_text('{"event": "ready", "t": 1}\n{"event": "wor')
+    assert [e["event"] for e in probe.read_events(str(path), final=True)] == ["ready"]
     path.write_text('{"event": "ready", "t": 1}\nnot an event\n')
     with pytest.raises(ValueError, match="Expecting value"):
         probe.read_events(str(path))
 
 
 # A program that starts a marked helper in a session of its own (as the logger and wandb-core
-# are), says where it is, then waits for the harness.
+# are), says where it is (its marker, its private TMPDIR), then waits for the harness.
 _SPAWNS_AND_WAITS = """
 import os, subprocess, sys, time
 from wandb_funnel.soak import probe
+from wandb_funnel.soak.jobenv import MARK_VAR
 helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                           start_new_session=True)
-probe.event("ready", helper=helper.pid, tmp=os.environ["TMPDIR"])
+probe.event("ready", mark=os.environ[MARK_VAR], tmp=os.environ["TMPDIR"])
 {then}
 time.sleep(600)
 """
 
 
-def _gone(pid: int, timeout: float = 10.0) -> bool:
-    """The SIGKILLed helper is reaped by init: wait (bounded) until its pid is free."""
-    import psutil
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                time.sleep(0.05)
-                continue
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def _ready(it: harness.Iteration) -> dict[str, Any]:
-    """The program's ready event (its first line): its helper's pid and its private TMPDIR."""
-    with open(pathlib.Path(it.directory) / "events.jsonl") as f:
+def _ready(directory: str | pathlib.Path) -> dict[str, Any]:
+    """The program's ready event (its first line): its job's marker and its TMPDIR."""
+    with open(pathlib.Path(directory) / "events.jsonl") as f:
         return json.loads(f.readline())  # type: ignore[no-any-return]
+
+
+def _nothing_left(ready: dict[str, Any]) -> None:
+    """No process of the job (the helper included) and no temp dir of it are left."""
+    assert jobenv.marked_processes(ready["mark"]) == []
+    assert not os.path.exists(ready["tmp"])
 
 
 @pytest.mark.soak
@@ -338,9 +333,7 @@ def test_a_fault_of_the_harness_fails_the_iteration_and_kills_the_job(
     assert len(it.problems) == 1 and it.problems[0].startswith("harness error: JSONDecodeError")
     assert "JSONDecodeError" in (pathlib.Path(it.directory) / "harness-error.txt").read_text()
     assert not it.hang
-    assert _gone(_ready(it)["helper"])
-    assert jobenv.marked_processes(it.mark) == []
-    assert not os.path.exists(_ready(it)["tmp"])
+    _nothing_left(_ready(it.directory))
 
 
 @pytest.mark.soak
@@ -352,8 +345,6 @@ def test_an_aborted_iteration_kills_its_job_and_is_not_judged(tmp_path: pathlib.
     events = tmp_path / "out" / "misbehaving-0001" / "events.jsonl"
 
     def abort_once_ready() -> None:
-        from wandb_funnel.soak import probe
-
         while not probe.read_events(str(events)):
             if abort.wait(0.05):
                 return
@@ -367,9 +358,7 @@ def test_an_aborted_iteration_kills_its_job_and_is_not_judged(tmp_path: pathlib.
         abort.set()
         watcher.join()
     assert it.aborted and it.problems == [] and not it.hang
-    assert _gone(_ready(it)["helper"])
-    assert jobenv.marked_processes(it.mark) == []
-    assert not os.path.exists(_ready(it)["tmp"])
+    _nothing_left(_ready(it.directory))
 
 
 @pytest.mark.soak
@@ -382,30 +371,46 @@ def test_a_second_ctrl_c_aborts_the_soak_and_the_table_is_still_written(
     program = tmp_path / "program.py"
     program.write_text(_SPAWNS_AND_WAITS.format(then=""))
     out = tmp_path / "out"
+    directory = out / "iterations" / "none-0001"
     soak = subprocess.Popen(
         [sys.executable, "-m", "wandb_funnel", "soak", "--fault", "none", "--iterations", "1",
          "--wait-ready", "--out", str(out), "--", sys.executable, str(program)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    try:
-        events = out / "iterations" / "none-0001" / "events.jsonl"
-        from wandb_funnel.soak import probe
+    assert soak.stdout is not None and soak.stderr is not None
+    stderr: queue.Queue[str] = queue.Queue()
 
-        while not probe.read_events(str(events)):
+    def read_stderr() -> None:
+        for line in soak.stderr or ():
+            stderr.put(line)
+
+    reader = threading.Thread(target=read_stderr)
+    reader.start()
+
+    def wait_for(prefix: str) -> None:  # a missing line fails in a minute, not a hang
+        deadline = time.monotonic() + 60
+        while not stderr.get(timeout=max(0.0, deadline - time.monotonic())).startswith(prefix):
+            pass
+
+    try:
+        while not probe.read_events(str(directory / "events.jsonl")):
             assert soak.poll() is None, soak.communicate()
             time.sleep(0.05)
-        helper = int(probe.read_events(str(events))[0]["helper"])
-        assert soak.stderr is not None
+        ready = _ready(directory)
         soak.send_signal(signal.SIGINT)
-        assert any(line.startswith("stopping:") for line in soak.stderr)
+        wait_for("stopping:")
         soak.send_signal(signal.SIGINT)  # only once the first was handled: never merged
-        assert any(line.startswith("aborting:") for line in soak.stderr)
-        stdout, _ = soak.communicate(timeout=60)
+        wait_for("aborting:")
+        assert soak.wait(timeout=60) == 130
+        stdout = soak.stdout.read()
     finally:
         if soak.poll() is None:
             soak.kill()
-            soak.communicate()
-    assert soak.returncode == 130, stdout
+            soak.wait()
+        reader.join()
+        soak.stdout.close()
+        soak.stderr.close()
     assert "none #1: aborted" in stdout and "0 iterations, 0 failed, 1 aborted" in stdout
-    assert "Aborted: 1 running iterations" in (out / "soak.md").read_text()
-    assert _gone(helper)
+    assert "Aborted: 1 running iteration(s)" in (out / "soak.md").read_text()
+    assert not directory.exists()  # an aborted iteration's files are not kept (no --keep)
+    _nothing_left(ready)

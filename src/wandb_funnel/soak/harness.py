@@ -36,6 +36,7 @@ __all__ = ["LINGER_LIMIT", "MARK_VAR", "Iteration", "run_iteration"]
 # its parent is gone) must be gone within this long, or it counts as left behind.
 LINGER_LIMIT = 15.0
 _TICK = 0.1
+_END_JOB_WAIT = 5.0  # for SIGKILLed processes to be gone (a stopped one is killed too)
 
 
 @dataclass
@@ -344,7 +345,9 @@ def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: s
     holds its stdout, stderr and probe files. A matrix's program runs there; a user's command
     (``Scenario.command``) runs in the current directory, where its relative paths point.
     Once ``abort`` is set the job is killed and the iteration returned ``aborted``, unjudged.
-    Whatever happens here, no process of the job and none of its temp files outlive the call.
+    Whatever happens here, no process of the job and none of its temp files outlive the call:
+    an error of the harness itself fails this iteration (``harness error: ...``, its traceback
+    in ``harness-error.txt``) instead of ending the soak with the job still running.
     """
     program = scenario.plain if plain and scenario.plain else scenario.program
     it = Iteration(scenario.name, index, seed, plain)
@@ -354,11 +357,26 @@ def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: s
     directory.mkdir(parents=True)
     directory = directory.resolve()  # the job may run elsewhere: its paths must be absolute
     it.directory = str(directory)
+    if abort is not None and abort.is_set():
+        it.aborted = True
+        return it
     # Short on purpose: the logger's IPC socket lives under TMPDIR (sun_path is 108 bytes).
     tmp = tempfile.mkdtemp(prefix="wfs-")
+    try:
+        _run_job(scenario, it, program, directory, tmp, plain, abort)
+    except Exception as exc:  # the job is gone already: _run_job's finally ended it
+        (directory / "harness-error.txt").write_text(traceback.format_exc())
+        it.problems.append(f"harness error: {exc!r} (traceback in harness-error.txt)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return it
+
+
+def _run_job(scenario: Scenario, it: Iteration, program: str, directory: pathlib.Path,
+             tmp: str, plain: bool, abort: threading.Event | None) -> None:
     events, sent = str(directory / "events.jsonl"), str(directory / "sent.bin")
     probe.create_sent_file(sent)
-    rng = random.Random(seed)
+    rng = random.Random(it.seed)
     mark = it.mark = uuid.uuid4().hex
     it.command = _command(scenario, program, rng)
     cwd = os.getcwd() if scenario.command else directory
@@ -366,32 +384,35 @@ def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: s
         try:
             proc = subprocess.Popen(
                 it.command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                env=_environment(mark, directory, tmp, events, sent, seed),
+                env=_environment(mark, directory, tmp, events, sent, it.seed),
                 start_new_session=True,
             )
         except OSError as exc:  # a user's command that cannot start at all
-            shutil.rmtree(tmp, ignore_errors=True)
             it.problems.append(f"cannot start {it.command[0]!r}: {exc}")
-            return it
+            return
     job = _Job(mark, proc)
     try:
         _supervise(scenario, it, proc, job, events, rng, plain, abort)
         if not it.aborted:
             _check_sockets(it, tmp)
             _account(scenario, it, directory, sent, plain)
-    except Exception as exc:
-        # The harness's own fault fails this iteration and says so; it must not end the whole
-        # soak without a table, leaving the job (the logger and wandb-core have sessions of
-        # their own) running.
-        (directory / "harness-error.txt").write_text(traceback.format_exc())
-        it.problems.append(f"harness error: {exc!r} (traceback in harness-error.txt)")
     finally:
-        if proc.poll() is None:  # never killpg a reaped owner's pid: it may be reused
-            _killpg(proc.pid)
+        _end_job(job)
+
+
+def _end_job(job: _Job) -> None:
+    """SIGKILL every process of the job until a scan finds none (bounded): one scan misses a
+    process forked after it started, or one whose environment was unreadable for a moment."""
+    if job.owner.poll() is None:  # never killpg a reaped owner's pid: it may be reused
+        _killpg(job.owner_pid)
+    deadline = time.monotonic() + _END_JOB_WAIT
+    while True:
         job.signal_all(signal.SIGKILL)
-        proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return it
+        left = job.processes()
+        if not left or time.monotonic() > deadline:
+            break
+        psutil.wait_procs(left, timeout=0.2)
+    job.owner.wait()
 
 
 def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes], job: _Job,
@@ -450,25 +471,26 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
     job.signal_all(signal.SIGKILL)
     it.fault_done = fault.done_at is not None
     it.grace_killed = fault.killed
-    it.probe_used = bool(probe.read_events(events))
+    final = probe.read_events(events, final=True)  # the job has ended
+    it.probe_used = bool(final)
     if fault.done_at is not None:
         it.fault_at_s = round(fault.done_at - wall_start, 3)
     if all_gone_at is not None:
         it.duration_s = round(all_gone_at - wall_start, 3)
     it.closing_before_fault = fault.done_at is not None and any(
         ev["event"] == "run_closing" and ev["t"] < fault.done_at + scenario.closing_window
-        for ev in probe.read_events(events)
+        for ev in final
     )
     it.fault_after_end = fault.done_at is not None and any(
         ev["event"] == "program_end" and ev["t"] <= fault.done_at
-        for ev in probe.read_events(events)
+        for ev in final
     )
-    ends = [ev["t"] for ev in probe.read_events(events) if ev["event"] == "train_end"]
+    ends = [ev["t"] for ev in final if ev["event"] == "train_end"]
     t0 = fault.done_at if (fault.done_at and scenario.fault and scenario.fault.ends_training) \
         else (max(ends) if ends else None)
     if all_gone_at is not None and t0 is not None:
         it.exit_s = round(max(0.0, all_gone_at - t0), 3)
-    it.rates = [round(ev["per_s"]) for ev in probe.read_events(events) if ev["event"] == "rate"]
+    it.rates = [round(ev["per_s"]) for ev in final if ev["event"] == "rate"]
     if not plain and it.owner_exit is not None and scenario.owner_exit is not None:
         if _expect_fault_effects(scenario, it):
             expected = scenario.owner_exit

@@ -86,17 +86,24 @@ def event(name: str, **fields: Any) -> None:
         os.close(fd)
 
 
-def read_events(path: str) -> list[dict[str, Any]]:
+def read_events(path: str, final: bool = False) -> list[dict[str, Any]]:
     """The events written so far. A last line without its newline is being written now (one
-    ``write`` is not atomic against a reader): it is left for the next read. A complete line
-    that is not JSON raises ValueError: the program wrote something that is not an event."""
+    ``write`` is not atomic against a reader): it is left for the next read. With ``final``
+    (the job has ended) it is taken if it parses, and otherwise was cut short by a kill. A
+    complete line that is not JSON raises ValueError: something not an event was written."""
     try:
-        with open(path) as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         return []
-    lines = text.split("\n")[:-1]  # what follows the last newline is not complete yet
-    return [json.loads(line) for line in lines if line.strip()]
+    *lines, tail = data.split(b"\n")
+    events = [json.loads(line) for line in lines if line.strip()]
+    if final and tail.strip():
+        try:
+            events.append(json.loads(tail))
+        except ValueError:
+            pass  # its writer was killed mid-line: it never was an event
+    return events
 
 
 def rng() -> random.Random:
