@@ -167,19 +167,20 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
     try:
         with ThreadPoolExecutor(args.jobs) as pool:
             running: set[Future[Iteration]] = set()
-            while True:
-                while len(running) < args.jobs and (job := next_job()) is not None:
-                    running.add(pool.submit(work, job))
-                if not running:
-                    break
-                finished, running = wait(running, return_when=FIRST_COMPLETED)
-                done.extend(it for f in finished if not (it := f.result()).aborted)
-                aborted += sum(f.result().aborted for f in finished)
-    except BaseException:
-        # A third Ctrl-C, or a bug here: the running iterations kill their jobs (they check
-        # this each tick) while the executor waits for them, so nothing is left running.
-        aborting.set()
-        raise
+            try:
+                while True:
+                    while len(running) < args.jobs and (job := next_job()) is not None:
+                        running.add(pool.submit(work, job))
+                    if not running:
+                        break
+                    finished, running = wait(running, return_when=FIRST_COMPLETED)
+                    done.extend(it for f in finished if not (it := f.result()).aborted)
+                    aborted += sum(f.result().aborted for f in finished)
+            except BaseException:
+                # A third Ctrl-C, or a bug here: set before the executor's exit waits for the
+                # running iterations, so they kill their jobs (checked each tick) at once.
+                aborting.set()
+                raise
     finally:
         for signum, handler in handlers.items():  # the caller's (a test's) handlers again
             signal.signal(signum, handler)

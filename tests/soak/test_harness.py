@@ -363,11 +363,12 @@ def test_an_aborted_iteration_kills_its_job_and_is_not_judged(tmp_path: pathlib.
 
 @pytest.mark.soak
 @pytest.mark.processes
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["INT", "TERM"])
 def test_a_second_ctrl_c_aborts_the_soak_and_the_table_is_still_written(
-    tmp_path: pathlib.Path,
+    tmp_path: pathlib.Path, signum: signal.Signals
 ) -> None:
-    """`wandb-funnel soak -- CMD`: the first Ctrl-C lets the running iteration finish; the
-    second kills its job, writes the table (without it), and exits 130."""
+    """`wandb-funnel soak -- CMD`: the first Ctrl-C (or SIGTERM) lets the running iteration
+    finish; the second kills its job, writes the table (without it), and exits 128+signal."""
     program = tmp_path / "program.py"
     program.write_text(_SPAWNS_AND_WAITS.format(then=""))
     out = tmp_path / "out"
@@ -392,21 +393,24 @@ def test_a_second_ctrl_c_aborts_the_soak_and_the_table_is_still_written(
         while not stderr.get(timeout=max(0.0, deadline - time.monotonic())).startswith(prefix):
             pass
 
+    ready: dict[str, Any] = {}
     try:
         while not probe.read_events(str(directory / "events.jsonl")):
             assert soak.poll() is None, soak.communicate()
             time.sleep(0.05)
         ready = _ready(directory)
-        soak.send_signal(signal.SIGINT)
+        soak.send_signal(signum)
         wait_for("stopping:")
-        soak.send_signal(signal.SIGINT)  # only once the first was handled: never merged
+        soak.send_signal(signum)  # only once the first was handled: never merged
         wait_for("aborting:")
-        assert soak.wait(timeout=60) == 130
+        assert soak.wait(timeout=60) == 128 + signum
         stdout = soak.stdout.read()
     finally:
         if soak.poll() is None:
             soak.kill()
             soak.wait()
+        for proc in jobenv.marked_processes(ready["mark"]) if ready else ():
+            proc.kill()  # the job, if this test failed before the harness killed it
         reader.join()
         soak.stdout.close()
         soak.stderr.close()
@@ -414,3 +418,28 @@ def test_a_second_ctrl_c_aborts_the_soak_and_the_table_is_still_written(
     assert "Aborted: 1 running iteration(s)" in (out / "soak.md").read_text()
     assert not directory.exists()  # an aborted iteration's files are not kept (no --keep)
     _nothing_left(ready)
+
+
+@pytest.mark.soak
+@pytest.mark.processes
+def test_an_iteration_that_cannot_run_is_a_failed_row_and_the_soak_goes_on(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception from run_iteration itself (before any job: its directory, say) fails
+    that iteration, with the error, and the soak still runs the others and writes its table."""
+    real = harness.run_iteration
+
+    def breaks_once(scenario: Scenario, index: int, *args: Any, **kwargs: Any) -> Any:
+        if index == 1:
+            raise RuntimeError("no room for the iteration's directory")
+        return real(scenario, index, *args, **kwargs)
+
+    monkeypatch.setattr(harness, "run_iteration", breaks_once)
+    out = tmp_path / "out"
+    code = cli.main(["soak", "--fault", "none", "--iterations", "2", "--out", str(out), "--",
+                     sys.executable, "-c", "pass"])
+    assert code == 1
+    runs = json.loads((out / "soak.json").read_text())["runs"]
+    assert [(r["index"], r["ok"]) for r in runs] == [(1, False), (2, True)]
+    assert runs[0]["problems"] == [
+        "harness error: RuntimeError(\"no room for the iteration's directory\")"]

@@ -397,12 +397,13 @@ def _run_job(scenario: Scenario, it: Iteration, program: str, directory: pathlib
             _check_sockets(it, tmp)
             _account(scenario, it, directory, sent, plain)
     finally:
-        _end_job(job)
+        _end_job(job, it)
 
 
-def _end_job(job: _Job) -> None:
+def _end_job(job: _Job, it: Iteration) -> None:
     """SIGKILL every process of the job until a scan finds none (bounded): one scan misses a
-    process forked after it started, or one whose environment was unreadable for a moment."""
+    process forked after it started, or one whose environment was unreadable for a moment.
+    A process still there after that fails the iteration."""
     if job.owner.poll() is None:  # never killpg a reaped owner's pid: it may be reused
         _killpg(job.owner_pid)
     deadline = time.monotonic() + _END_JOB_WAIT
@@ -411,8 +412,17 @@ def _end_job(job: _Job) -> None:
         left = job.processes()
         if not left or time.monotonic() > deadline:
             break
-        psutil.wait_procs(left, timeout=0.2)
-    job.owner.wait()
+        # Not the owner: only job.owner may reap it (psutil's wait would, behind its back).
+        psutil.wait_procs([p for p in left if p.pid != job.owner_pid], timeout=0.2)
+    try:
+        job.owner.wait(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
+    except subprocess.TimeoutExpired:
+        pass  # listed just below
+    survivors = [_describe(p) for p in left]
+    if job.owner.poll() is None:
+        survivors.append(f"{job.owner_pid} (the owner)")
+    if survivors:
+        it.problems.append(f"survived SIGKILL for {_END_JOB_WAIT:.0f}s: {survivors}")
 
 
 def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes], job: _Job,

@@ -98,9 +98,14 @@ def marked_processes(
         marked = cache.get(key) if cache is not None else None
         if marked is None:
             try:
-                marked = proc.environ().get(var) == mark
+                env = proc.environ()
             except (psutil.Error, OSError):
                 continue  # gone, a zombie, or not ours to read: not one of the job's
+            if not env:
+                # Read mid-execve (or while exiting) an environment is empty for a moment:
+                # unknown, not "unmarked", so it is read again by the next scan.
+                continue
+            marked = env.get(var) == mark
             if cache is not None:
                 cache[key] = marked
         if marked:

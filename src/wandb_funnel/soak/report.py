@@ -142,7 +142,7 @@ def markdown(rows: list[dict[str, Any]], header: dict[str, Any],
     ]
     if header.get("aborted_iterations"):
         lines += [(f"Aborted: {header['aborted_iterations']} running iteration(s) killed by a "
-                   "second Ctrl-C, not in the table."), ""]
+                   "second Ctrl-C or SIGTERM, not in the table."), ""]
     if header.get("target"):
         lines += [(f"Command: `{header['target']}`. Exit codes are reported, not judged; a "
                    "hang, a process or a funnel socket left behind fails an iteration."), ""]
