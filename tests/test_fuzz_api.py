@@ -64,7 +64,7 @@ def test_public_api_raises_only_type_or_value_errors_and_keeps_working(
     assert run.summary["funnel/junk_frames"] == 0
     assert run.summary["funnel/rejected_peers"] == 0
     # Every accepted record's step has a row (late records get rows of their own).
-    assert {row["global_step"] for row in run.history} == set(info["ok_steps"])
-    assert run.column("final_ok") == [(FINAL_STEP, 1)]
+    assert {row[info["step_key"]] for row in run.history} == set(info["ok_steps"])
+    assert run.column("final_ok", info["step_key"]) == [(FINAL_STEP, 1)]
     assert run.summary["final_summary"] == 2
     assert run.config["final_config"] == 3

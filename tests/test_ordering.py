@@ -128,6 +128,58 @@ def test_attached_rank_that_has_not_logged_holds_rows() -> None:
     assert [r.step for r in rows] == [0] and set(rows[0].parts) == {0, 1}
 
 
+def test_expected_ranks_that_never_attach_cost_one_window_not_one_a_row() -> None:
+    """torchrun with only rank 0 calling wandb (nanoGPT, HF, most clients): rank 1 is expected
+    but never attaches. The first row waits one window for it; from then on every row leaves
+    as soon as rank 0 moves past it (issue 23: every row waited 2 s)."""
+    buf = Reorderer(window=2.0, max_pending_rows=100)
+    buf.rank_expected(0)
+    buf.rank_expected(1)
+    buf.rank_attached(0, 0.0)
+    buf.add(0, 0, True, {"loss": 1.0}, 0.1)
+    assert buf.pop_ready(1.0) == []  # rank 1 may still be on its way
+    assert buf.next_deadline() == 2.1
+    assert [r.step for r in buf.pop_ready(2.1)] == [0]
+    for step in range(1, 5):
+        buf.add(0, step, True, {"loss": 1.0}, 2.1 + step)
+        rows = buf.pop_ready(2.1 + step)  # no wait: rank 1 no longer holds rows
+        assert [r.step for r in rows] == [step]
+
+
+def test_an_expected_rank_that_attaches_in_time_still_merges() -> None:
+    """Within the first window an expected rank that attaches late still merges at step 0,
+    and holds later rows as any attached rank does."""
+    buf = Reorderer(window=2.0, max_pending_rows=100)
+    for rank in (0, 1):
+        buf.rank_expected(rank)
+    buf.add(0, 0, True, {"loss": 1.0}, 0.0)
+    buf.add(0, 1, True, {"loss": 1.0}, 0.0)
+    buf.rank_attached(1, 1.5)
+    assert buf.pop_ready(1.5) == []
+    buf.add(1, 0, True, {"loss": 3.0}, 1.9)
+    rows = buf.pop_ready(1.9)
+    assert [r.step for r in rows] == [0] and set(rows[0].parts) == {0, 1}
+    assert buf.pop_ready(3.0) == []  # rank 1 attached: it still holds step 1, not forgotten
+    buf.add(1, 1, True, {"loss": 3.0}, 3.0)
+    assert [r.step for r in buf.pop_ready(3.0)] == [1]
+
+
+def test_an_expected_rank_attaching_after_the_first_window_lands_late_then_merges() -> None:
+    buf = Reorderer(window=1.0, max_pending_rows=100)
+    for rank in (0, 1):
+        buf.rank_expected(rank)
+    buf.add(0, 0, True, {"a": 0}, 0.0)
+    assert [r.step for r in buf.pop_ready(1.0)] == [0]  # rank 1 forgotten
+    buf.rank_attached(1, 1.5)  # attaches after all: holds rows again from now on
+    buf.add(0, 1, True, {"a": 1}, 1.6)
+    assert buf.pop_ready(1.6) == []
+    buf.add(1, 0, True, {"a": 9}, 1.7)  # its step 0 was written: late, kept, flagged
+    buf.add(1, 1, True, {"a": 8}, 1.7)
+    rows = buf.pop_ready(1.7)
+    assert [(r.step, r.late) for r in rows] == [(0, True), (1, False)]
+    assert set(rows[1].parts) == {0, 1} and buf.late_records == 1
+
+
 def test_straggler_delays_by_at_most_the_window() -> None:
     """A rank that stops sending holds rows back for the window, then they go."""
     buf = Reorderer(window=2.0, max_pending_rows=100)

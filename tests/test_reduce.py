@@ -70,8 +70,26 @@ def test_nested_dicts_flatten_and_reduce() -> None:
 
 
 def test_step_key_is_the_row_step() -> None:
-    out = RowBuilder("auto", {}, "global_step").build(_row(9, {0: {"global_step": 123, "x": 1}}))
-    assert out["global_step"] == 9
+    b = RowBuilder("auto", {}, "global_step")
+    assert b.build(_row(9, {0: {"x": 1}})) == {"x": 1, "global_step": 9}
+    assert not b.user_step_key
+
+
+@pytest.mark.parametrize("mode", ["auto", "shared"])
+def test_a_users_own_step_key_is_kept_and_said_once(mode: str) -> None:
+    """A rank that logs ``global_step`` itself owns the key: its values are written, the
+    funnel's step is never put over them nor into later rows without it, and it is said once
+    (issue 23: ``{"global_step": 1000 * (i + 1)}`` used to read back 0, 1, 2)."""
+    said: list[str] = []
+    b = RowBuilder(mode, {}, "global_step", said.append)
+    assert b.build(_row(0, {0: {"x": 1}}))["global_step"] == 0  # before: the funnel's step
+    first = b.build(_row(1, {0: {"global_step": 2000, "x": 2}, 1: {"global_step": 2000}}))
+    assert first["global_step"] == 2000
+    assert "global_step/rank0" not in first  # one x-axis key, also in shared mode
+    assert "global_step" not in b.build(_row(2, {0: {"x": 3}}))  # the user's key now
+    assert b.build(_row(3, {1: {"global_step": 4000}}))["global_step"] == 4000
+    assert b.user_step_key
+    assert len(said) == 1 and "'global_step'" in said[0] and "step_key" in said[0]
 
 
 def test_infinities_and_overflow_reduce_like_plain_arithmetic() -> None:

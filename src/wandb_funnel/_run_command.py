@@ -23,7 +23,7 @@ from typing import Any
 from wandb_funnel._constants import ENV_RANK_PID, RANK_SCOPES, REDUCERS, RUN_MODES
 from wandb_funnel._options import FunnelOptions, parse_option
 
-USAGE = "wandb-funnel run [options] -- COMMAND [ARG ...]"
+USAGE = "wandb-funnel run [options] [--] COMMAND [ARG ...]"
 DESCRIPTION = """\
 Run COMMAND with every wandb call in it, and in every Python process it starts, going
 through one funnel: one run, every rank, in order, and an exit that never hangs. No code
@@ -61,6 +61,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--max-record-bytes", metavar="N")
     run.add_argument("--rank-scope", choices=RANK_SCOPES,
                      help="several nodes: one run for the job (global) or one per node (worker)")
+    # The command, when it is not after `--`: everything from its first word on, untouched.
+    run.add_argument("command_words", nargs=argparse.REMAINDER, metavar="COMMAND",
+                     help="the command to run, with its arguments (after -- if it starts "
+                          "with a dash)")
     return run
 
 
@@ -84,7 +88,8 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(parser: argparse.ArgumentParser, args: argparse.Namespace, target: list[str]) -> int:
     if not target:
-        parser.error("no command: give it after -- (wandb-funnel run -- python train.py)")
+        parser.error("no command: give it after the options (wandb-funnel run python train.py, "
+                     "or after --: wandb-funnel run -- python train.py)")
     try:
         options = {**FunnelOptions.from_env(os.environ), **options_from_args(args)}
         FunnelOptions(**options)

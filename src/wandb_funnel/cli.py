@@ -18,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from wandb_funnel import _run_command as run_command
+from wandb_funnel._version import __version__
 
 if TYPE_CHECKING:
     from wandb_funnel.soak.harness import Iteration
@@ -276,12 +277,18 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, target = argv[:cut], argv[cut + 1:]
     parser = argparse.ArgumentParser(prog="wandb-funnel")
+    parser.add_argument("--version", action="version", version=f"wandb-funnel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     soak = _soak_parser(sub)
     run = run_command.add_parser(sub)
     args = parser.parse_args(argv)
     args.target = target
     if args.command == "run":
+        # `wandb-funnel run python train.py` needs no `--`: the command starts at the first
+        # word that is not one of our options (as opentelemetry-instrument and ddtrace-run
+        # take it); a `--` inside that command is the command's own.
+        if args.command_words:
+            target = [*args.command_words, *(["--", *target] if "--" in full_argv else [])]
         return run_command.main(run, args, target)
     if args.command != "soak":
         return 2

@@ -102,6 +102,55 @@ def test_funnel_run_exits_with_the_commands_code_and_exports_the_options(
     assert not leftover_processes(scripts.mark)
 
 
+def test_funnel_run_takes_the_command_without_dashes_and_the_tool_has_a_version(
+    scripts: Scripts,
+) -> None:
+    """``wandb-funnel run python train.py`` runs it (issue 23: it failed with the top-level
+    usage); a ``--`` inside the command stays the command's; ``--version`` answers."""
+    code = "import os, sys; print(sys.argv[1:], os.environ['WANDB_FUNNEL_INSTALL'])"
+    proc = _cli(scripts, ["--reduce", "loss=max", sys.executable, "-c", code, "--x", "--", "-y"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == """['--x', '--', '-y'] {"reduce": {"loss": "max"}}"""
+    none = _cli(scripts, [])
+    assert none.returncode == 2 and "no command" in none.stderr
+    version = subprocess.run([*FUNNEL_RUN[:-1], "--version"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    from wandb_funnel._version import __version__
+
+    assert version.returncode == 0 and version.stdout.strip() == f"wandb-funnel {__version__}"
+
+
+@pytest.mark.parametrize("launch", ["torchrun", "alone"])
+def test_a_users_own_global_step_is_kept_as_plain_wandb_keeps_it(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory, launch: str
+) -> None:
+    """``log({"global_step": 1000 * (i + 1), ...})`` reads back 1000, 2000, ... as with plain
+    wandb (issue 23: the funnel wrote its own step, 0, 1, 2, over it, and said nothing)."""
+    command = [*(TORCHRUN if launch == "torchrun" else [sys.executable]),
+               str(PROGRAMS / "user_global_step.py")]
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
+    plain = subprocess.run(command, cwd=plain_scripts.tmp_path, env=plain_scripts.env(),
+                           capture_output=True, text=True, timeout=200, check=False)
+    assert plain.returncode == 0, plain.stderr[-4000:]
+    funnel = _cli(scripts, command)
+    assert funnel.returncode == 0, funnel.stderr[-4000:]
+    (plain_run,) = find_runs(plain_scripts.wandb_dir)
+    (funnel_run,) = find_runs(scripts.wandb_dir)
+    assert funnel_run.summary["funnel/records"] == 6  # it did go through the funnel
+    expected = [1000 * (i + 1) for i in range(6)]
+    assert [v for _, v in plain_run.column("global_step")] == expected
+    assert [v for _, v in funnel_run.column("global_step")] == expected
+
+    def rows(run: WandbRun) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.startswith(("_", "t_"))}
+                for r in run.history]
+
+    assert rows(funnel_run) == rows(plain_run)
+    assert funnel.stderr.count("its own 'global_step'") == 1, funnel.stderr[-4000:]
+    assert "its own" not in plain.stderr
+    assert not leftover_processes(scripts.mark)
+
+
 def test_funnel_run_makes_every_rank_one_run_with_the_reducers_it_was_given(
     scripts: Scripts,
 ) -> None:

@@ -7,7 +7,10 @@ one after if that record committed. The smallest pending row is released when
 
 * it is below the floor of every rank that is logging: every rank that attached and has not
   finished or gone (a rank that attached but has not logged yet has floor 0, so that DDP ranks
-  starting a few milliseconds apart still merge at step 0); or
+  starting a few milliseconds apart still merge at step 0); a launched job's ranks that are
+  *expected* but have not attached hold rows only until the first row has waited ``window``:
+  past that they are taken for ranks that never call wandb (rank-0-only code, the common
+  case), so that their absence costs one window at the start, not one at every row; or
 * the oldest pending row has waited ``window`` seconds, and no rank has attached in the last
   ``window`` seconds; or twice ``window`` in any case (a straggler delays the run by a
   bounded time, and a rank that logs rarely cannot stall it; a Pool whose spawn workers come
@@ -75,6 +78,8 @@ class Reorderer:
         self._late: dict[int, Row] = {}
         self._last_released: int = -1
         self._last_attach: float | None = None  # when a rank last attached (monotonic)
+        self._unattached: set[int] = set()  # expected ranks that have not attached yet
+        self._first_arrival: float | None = None  # when the first row arrived
         self.late_records = 0
 
     @property
@@ -100,9 +105,14 @@ class Reorderer:
         row = self._rows.get(step)
         if row is None:
             row = self._rows[step] = Row(step)
-            heapq.heappush(self._heap, step)
-            self._arrivals.append((now, step))
+            self._new_row(step, now)
         row.add(rank, data)
+
+    def _new_row(self, step: int, now: float) -> None:
+        heapq.heappush(self._heap, step)
+        self._arrivals.append((now, step))
+        if self._first_arrival is None:
+            self._first_arrival = now
 
     def add_batch(self, rank: int, records: list[list[Any]], now: float) -> None:
         """Take ``[step, committed, data]`` records of ``rank``, in the order it logged them
@@ -121,8 +131,7 @@ class Reorderer:
             row = rows.get(step)
             if row is None:
                 row = rows[step] = Row(step)
-                heapq.heappush(self._heap, step)
-                self._arrivals.append((now, step))
+                self._new_row(step, now)
             part = row.parts.get(rank)
             if part is None:
                 row.parts[rank] = data  # owned, as in Row.add
@@ -130,19 +139,38 @@ class Reorderer:
                 part.update(data)
             row.records += 1
 
+    def rank_expected(self, rank: int) -> None:
+        """``rank`` belongs to the job but has not attached: it holds rows from the start, so
+        that a rank a little slower to call wandb still merges at step 0, until the first row
+        has waited ``window`` (then it is taken for a rank that never logs)."""
+        if rank not in self._done and rank not in self._floors:
+            self._floors[rank] = 0
+            self._unattached.add(rank)
+
     def rank_attached(self, rank: int, now: float | None = None) -> None:
         """``rank`` joined (at ``now``; None: a rank known from the start): until its first
         record it holds every row, and no row is overdue until ``window`` after ``now``."""
+        self._unattached.discard(rank)
         if rank not in self._done:
             self._floors.setdefault(rank, 0)
         if now is not None:
             self._last_attach = now
+
+    def _forget_unattached(self, now: float) -> None:
+        """Expected ranks still unattached once the first row has waited a window never
+        called wandb (or call it late: their records for written steps are then late)."""
+        first = self._first_arrival
+        if first is not None and now >= first + self._window:
+            for rank in self._unattached:
+                self._floors.pop(rank, None)
+            self._unattached.clear()
 
     def rank_done(self, rank: int) -> None:
         """``rank`` finished or is gone: it no longer holds rows back, even if records of it
         still arrive (a dead rank's backlog)."""
         self._done.add(rank)
         self._floors.pop(rank, None)
+        self._unattached.discard(rank)
 
     def next_deadline(self) -> float | None:
         """When the oldest pending row's window runs out (None when nothing is pending)."""
@@ -164,6 +192,8 @@ class Reorderer:
         At most ``limit`` pending rows are released (late rows always are).
         """
         out = self._take_late()
+        if self._unattached and window_applies:
+            self._forget_unattached(now)
         floor = min(self._floors.values(), default=None)
         released = 0
         while self._heap and (limit is None or released < limit):

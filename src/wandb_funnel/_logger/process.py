@@ -98,9 +98,10 @@ class Logger:
                 open_sink({}), start.run_id
             )
             # A launched job's ranks are known before they attach: rows wait for them from
-            # the start (within the window), so ranks that start a little later still merge.
+            # the start (within the first window), so ranks that start a little later still
+            # merge, and ranks that never call wandb cost that one window, not one a row.
             for rank in start.topology.expected_ranks:
-                writer.order.rank_attached(rank)
+                writer.order.rank_expected(rank)
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)

@@ -175,6 +175,9 @@ class RowBuilder:
         self._explicit = dict(reduce)
         self._globs = [(k, v) for k, v in self._explicit.items() if any(c in k for c in "*?[")]
         self._step_key = step_key
+        # Set once a rank logs ``step_key`` itself: from then on the key is the user's (their
+        # values are written, never the funnel's step), as plain wandb would keep them.
+        self.user_step_key = False
         self._cache: dict[str, str | None] = {}
 
     def _reducer_for(self, key: str) -> str | None:
@@ -192,8 +195,26 @@ class RowBuilder:
         self._cache[key] = name
         return name
 
+    def _put_step(self, out: dict[str, Any], step: int) -> None:
+        """The row's step under ``step_key``, unless the key is the user's: a user's own
+        ``global_step`` (many scripts, and wandb's tensorboard sync, log one) is never
+        overwritten. Said once; rows written before the user's first value keep the step."""
+        if not self.user_step_key:
+            if self._step_key not in out:
+                out[self._step_key] = step
+                return
+            self.user_step_key = True
+            if self._warn is not None:
+                self._warn(
+                    f"a rank logs its own {self._step_key!r}, the funnel's x-axis key "
+                    f"(step_key): its values are kept as logged, and the funnel's step is no "
+                    f"longer written under that key; pass step_key= another name to chart "
+                    f"against the funnel's step"
+                )
+
     def build(self, row: Row) -> dict[str, Any]:
-        """The dict to log for ``row``; its ``step_key`` is always the row's step."""
+        """The dict to log for ``row``; its ``step_key`` is the row's step, unless a rank
+        logs that key itself (``_put_step``)."""
         if self._mode == "shared":
             return self._build_shared(row)
         parts = row.parts
@@ -219,7 +240,7 @@ class RowBuilder:
                 ranks = [r for r in sorted(parts) if key in _flat(parts[r])] \
                     if name in _RANKED_FUNCS else []
                 out[key] = _reduce(name, values, ranks, key, self._warn)
-        out[self._step_key] = row.step
+        self._put_step(out, row.step)
         return out
 
     def _build_shared(self, row: Row) -> dict[str, Any]:
@@ -231,12 +252,13 @@ class RowBuilder:
                 ranks_by_key.setdefault(key, []).append(rank)
         out: dict[str, Any] = {}
         for key, values in by_key.items():
-            if key == self._step_key:
+            asked = self._reducer_for(key)
+            if key == self._step_key:  # a user's own x-axis stays one key, not one per rank
+                out[key] = _reduce(asked or "first", values, ranks_by_key[key], key, self._warn)
                 continue
             for rank, value in zip(ranks_by_key[key], values, strict=True):
                 out[f"{key}/rank{rank}"] = value
-            asked = self._reducer_for(key)
             if asked is not None:
                 out[key] = _reduce(asked, values, ranks_by_key[key], key, self._warn)
-        out[self._step_key] = row.step
+        self._put_step(out, row.step)
         return out

@@ -40,9 +40,10 @@ class WandbRun:
         regex = re.compile(pattern)
         return sum(1 for row in self.history for key in row if regex.fullmatch(key))
 
-    def column(self, key: str) -> list[tuple[int, Any]]:
-        """(global_step, value) for every history row that has ``key``, in file order."""
-        return [(row["global_step"], row[key]) for row in self.history if key in row]
+    def column(self, key: str, step_key: str = "global_step") -> list[tuple[int, Any]]:
+        """(step, value) for every history row that has ``key``, in file order; the step is
+        the row's ``step_key`` (the funnel's x-axis key)."""
+        return [(row[step_key], row[key]) for row in self.history if key in row]
 
 
 def _wandb_cli() -> list[str]:
