@@ -17,6 +17,8 @@ arguments here, before the run is opened, and acted on in the calling process:
   the logger process has none of the user's: warned and counted (their records still reach
   the run's console when a handler writes them to stdout or stderr, as the funnel captures
   every rank's console).
+- In a Jupyter notebook wandb hooks the notebook's display and saves the notebook as the
+  run's code; the logger process is not the notebook: warned and counted (``notebook``).
 
 Imports nothing heavy: every worker imports ``_api``, which uses this module.
 """
@@ -24,6 +26,7 @@ Imports nothing heavy: every worker imports ``_api``, which uses this module.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 _TRUE = ("1", "true", "t", "yes", "y", "on")
@@ -65,7 +68,20 @@ def take_local(kwargs: dict[str, Any]) -> dict[str, Any]:
     loggers = settings.pop("capture_loggers", None)
     if loggers:
         local["capture_loggers"] = loggers
+    if _in_notebook():
+        local["notebook"] = True
     return local
+
+
+def _in_notebook() -> bool:
+    """A Jupyter kernel (its IPython shell is a ZMQInteractiveShell), without importing
+    IPython where it is not loaded already."""
+    get = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    try:
+        shell = get() if get is not None else None
+    except Exception:  # wandb's own check guards this call too
+        return False
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def unsupported_here(run: Any, local: dict[str, Any], how: str) -> None:

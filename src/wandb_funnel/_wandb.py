@@ -151,7 +151,7 @@ class WandbSink:
             self._tensorboard_synced = True
             from wandb.sdk.lib import telemetry
 
-            with telemetry.context(run=self.run) as tel:  # type: ignore[no-untyped-call]
+            with telemetry.context(run=self.run) as tel:
                 tel.feature.tensorboard_sync = True
         self.run._tensorboard_callback(log_dir, save=save, root_logdir=root_dir)
 

@@ -14,11 +14,12 @@ import collections
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.conftest import PROGRAMS, Scripts, leftover_processes
+from tests.conftest import PROGRAMS, Scripts, leftover_processes, program, reports
 from tests.wandb_reader import WandbRun, find_runs
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
@@ -92,7 +93,7 @@ def _compare_one(plain: WandbRun, funnel: WandbRun, skip: tuple[str, ...] = ()) 
     assert funnel.summary.get("funnel/unsupported_calls", 0) == 0
 
 
-VARIANTS = {
+VARIANTS: dict[str, Callable[[list[str]], tuple[list[str], dict[str, str]]]] = {
     "install": lambda argv: (argv, {"CLIENT_INSTALL": "1"}),  # the one line in the script
     "run": lambda argv: ([*FUNNEL_RUN, *argv], {}),  # no line at all
 }
@@ -167,3 +168,26 @@ def test_stable_baselines3_ppo_under_wandb_funnel_run_matches_plain_wandb(
     assert "train/value_loss" in steps and "time/fps" in steps
     assert funnel.summary["funnel/records"] == 0  # SB3 never calls wandb.log: all came from tb
 
+
+
+@pytest.mark.parametrize(
+    ("scenario", "not_carried"),
+    [("wf-init", ["sync_tensorboard", "monitor_gym"]), ("installed", ["capture_loggers"])],
+)
+def test_keywords_that_cannot_act_in_the_caller_warn_once_and_are_counted(
+    scenario: str, not_carried: list[str], scripts: Scripts
+) -> None:
+    """Through ``wf.init`` (wandb's module not installed) the tensorboard and gym patches
+    cannot reach the funnel's run; ``capture_loggers`` would hook the logger process's
+    loggers. Each warns once and counts in ``funnel/unsupported_calls``. Installed,
+    ``monitor_gym`` acts in the caller (wandb's gym patch is applied there)."""
+    result = scripts.run_file(program("init_keywords"), [scenario])
+    assert result.returncode == 0, result.stderr
+    assert not result.leftovers, result.leftovers
+    seen = reports(result.stdout)
+    assert [n for n in not_carried if any(f"({n}=" in w for w in seen["warnings"])] == not_carried
+    assert len(seen["warnings"]) == len(not_carried)
+    (run,) = find_runs(scripts.wandb_dir)
+    assert run.summary["funnel/unsupported_calls"] == len(not_carried)
+    assert run.history and run.history[0]["x"] == 1  # the run itself went on
+    assert bool(seen["gym_patched"]) is (scenario == "installed")

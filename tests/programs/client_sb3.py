@@ -14,13 +14,14 @@ from stable_baselines3 import PPO
 
 def main() -> None:
     torch.set_num_threads(1)  # the same numbers in every run
-    config = {"policy_type": "MlpPolicy", "total_timesteps": 256, "env_id": "CartPole-v1"}
+    policy, env_id, timesteps = "MlpPolicy", "CartPole-v1", 256
+    config = {"policy_type": policy, "total_timesteps": timesteps, "env_id": env_id}
     run = wandb.init(project="sb3", name="ppo-cartpole", config=config, sync_tensorboard=True)
     model = PPO(
-        config["policy_type"], config["env_id"], n_steps=64, batch_size=32, n_epochs=2,
-        seed=0, device="cpu", verbose=0, tensorboard_log=f"tb/{run.id}",
+        policy, env_id, n_steps=64, batch_size=32, n_epochs=2,
+        seed=0, device="cpu", verbose=0, tensorboard_log=f"runs/{run.id}",
     )
-    model.learn(total_timesteps=config["total_timesteps"])
+    model.learn(total_timesteps=timesteps)
     run.finish()
 
 
