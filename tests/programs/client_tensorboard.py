@@ -39,6 +39,9 @@ def main() -> None:
         dist.init_process_group("gloo")
     wandb.init(project="tb", name=f"tb-rank{rank}", sync_tensorboard=True)
     if ranks > 1:
+        # Both ranks' writers open within moments of each other: wandb-core names each
+        # directory's keys once it knows two (after 10 s alone it would name them by one).
+        dist.barrier()
         writers = {"": writer(os.path.join("runs", f"rank{rank}"))}
     else:
         writers = {name: writer(os.path.join("runs", name)) for name in ("train", "eval")}
