@@ -17,6 +17,7 @@ from wandb_funnel._protocol.messages import (
     PROTOCOL_VERSION,
     RECORDS,
     SUMMARY,
+    TENSORBOARD,
     Ack,
     Close,
     ConfigUpdate,
@@ -25,6 +26,7 @@ from wandb_funnel._protocol.messages import (
     Hello,
     RecordBatch,
     SummaryUpdate,
+    TensorboardUpdate,
     Welcome,
 )
 
@@ -67,6 +69,9 @@ def test_control_messages_round_trip() -> None:
     assert same(codec.decode(update, MAX), ConfigUpdate({"lr": 0.1}))
     summary = codec.encode_update(SUMMARY, {"best": 1}, MAX)
     assert same(codec.decode(summary, MAX), SummaryUpdate({"best": 1}))
+    tb = {"log_dir": "runs/a", "save": True, "root_dir": "", "cwd": "/w"}
+    assert same(codec.decode(codec.encode_update(TENSORBOARD, tb, MAX), MAX),
+                TensorboardUpdate(tb))
 
 
 def test_numpy_scalars_and_special_floats_pass() -> None:

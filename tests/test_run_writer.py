@@ -18,6 +18,7 @@ class RecordingSink:
         self.rows: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}
         self.exit_code: int | None = None
+        self.tensorboard_dirs: list[tuple[str, bool, str]] = []
 
     def log(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -36,6 +37,9 @@ class RecordingSink:
 
     def stats(self, data: dict[str, Any]) -> None:
         pass
+
+    def tensorboard(self, log_dir: str, save: bool, root_dir: str) -> None:
+        self.tensorboard_dirs.append((log_dir, save, root_dir))
 
     def info(self) -> dict[str, Any]:
         return {}
@@ -110,3 +114,32 @@ def test_deadline_passing_while_writing_counts_the_rest_exactly(monkeypatch: Any
     assert sink.summary["funnel/records"] + sink.summary["funnel/dropped_records"] == 50_001
     assert writer.order.last_released_step < 2_000  # the rest counted in bulk
     assert sink.exit_code == 0
+
+
+def test_a_ranks_tensorboard_directory_reaches_the_sink_as_wandb_core_will_find_it(
+    tmp_path: Any,
+) -> None:
+    """A relative log directory means the rank's working directory. wandb-core resolves it
+    against its own (the logger's): passed as given when the two are the same (the run's
+    tbrecord is then plain wandb's), made absolute when they differ. Malformed ones (a
+    message is input) are left out."""
+    import os
+
+    writer, sink = _writer_for(0)
+    here = os.getcwd()
+    writer.update("tensorboard", {"log_dir": "runs/a", "save": True, "root_dir": "",
+                                  "cwd": here}, rank=0)
+    writer.update("tensorboard", {"log_dir": "runs/b", "save": False, "root_dir": "runs",
+                                  "cwd": str(tmp_path)}, rank=1)
+    writer.update("tensorboard", {"log_dir": "/abs/c", "save": True, "root_dir": "",
+                                  "cwd": str(tmp_path)}, rank=1)
+    for bad in ({"log_dir": 3, "save": True, "root_dir": "", "cwd": here},
+                {"log_dir": "x", "save": "yes", "root_dir": "", "cwd": here},
+                {"log_dir": "", "save": True, "root_dir": "", "cwd": here},
+                {"log_dir": "x", "save": True}):
+        writer.update("tensorboard", bad, rank=1)
+    assert sink.tensorboard_dirs == [
+        ("runs/a", True, ""),
+        (str(tmp_path / "runs/b"), False, str(tmp_path / "runs")),
+        ("/abs/c", True, ""),
+    ]

@@ -7,7 +7,7 @@ import os
 import warnings
 from typing import Any
 
-from wandb_funnel import _current
+from wandb_funnel import _current, _init_keywords
 from wandb_funnel._constants import ENV_RANK_PID, WELCOME_TIMEOUT
 from wandb_funnel._launched_init import init_launched
 from wandb_funnel._launcher_env import detect as detect_dist_env
@@ -77,6 +77,23 @@ def open_run(
     kwargs = {k: v for k, v in wandb_init_kwargs.items() if v is not None}
     reinit = kwargs.pop("reinit", None)
     config = _init_config(kwargs)
+    # Keywords that would patch the logger, not this process (an installed wandb.init has
+    # taken them out already, and acts on them here): warned and counted.
+    local = _init_keywords.take_local(kwargs)
+    run = _open(rank, kwargs, config, reinit, first_caller_hosts)
+    _init_keywords.unsupported_here(
+        run, local, "through wf.init does not act in this process: use wandb_funnel.install() "
+        "(or wandb-funnel run) and wandb.init")
+    return run
+
+
+def _open(
+    rank: int | None,
+    kwargs: dict[str, Any],
+    config: dict[str, Any],
+    reinit: Any,
+    first_caller_hosts: bool,
+) -> Run:
     with _current.lock:
         run = _current.get()
         if run is not None and reinit in (True, "finish_previous"):

@@ -106,9 +106,16 @@ class WandbSink:
         self.console = settings.get("console") != "off" and os.environ.get("WANDB_CONSOLE") != "off"
         settings["console"] = "wrap_raw" if self.console else "off"
         settings.setdefault("x_transaction_log_flush_interval", TRANSACTION_LOG_FLUSH_INTERVAL)
+        # Never patch this process's tensorboard or gym (WANDB_SYNC_TENSORBOARD would): the
+        # ranks write the events, and their own patch sends the directories here
+        # (_init_keywords); patching here would also import torch for nothing.
+        settings["sync_tensorboard"] = False
+        for name in ("sync_tensorboard", "tensorboard", "monitor_gym"):
+            kwargs.pop(name, None)
         if "mode" not in kwargs and "WANDB_MODE" not in os.environ:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
         kwargs.setdefault("reinit", "create_new")
+        self._tensorboard_synced = False
         self._wandb = wandb
         self.wandb = wandb  # the media writer makes wandb's own objects from descriptors
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
@@ -134,6 +141,19 @@ class WandbSink:
         """A ``stats`` record, as wandb-core's sampler writes one (wandb's private interface:
         there is no public way in)."""
         self.run._interface.publish_stats(data)  # type: ignore[union-attr]
+
+    def tensorboard(self, log_dir: str, save: bool, root_dir: str) -> None:
+        """A rank's tensorboard log directory, handed to wandb as its own tensorboard patch
+        hands it (``Run._tensorboard_callback``: a ``tbrecord``); wandb-core then reads the
+        tfevents files from disk into the run. The run's telemetry says ``tensorboard_sync``,
+        as plain wandb's does."""
+        if not self._tensorboard_synced:
+            self._tensorboard_synced = True
+            from wandb.sdk.lib import telemetry
+
+            with telemetry.context(run=self.run) as tel:
+                tel.feature.tensorboard_sync = True
+        self.run._tensorboard_callback(log_dir, save=save, root_logdir=root_dir)
 
     def output(self, stream: str, text: str, timestamp: float) -> None:
         """An ``output_raw`` record, as wandb's console capture writes one, with the time the

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from wandb_funnel import _api, _current
+from wandb_funnel import _api, _current, _init_keywords
 from wandb_funnel._constants import ENV_INSTALL
 from wandb_funnel._installed.wandb_run import as_installed
 from wandb_funnel._options import FunnelOptions
@@ -190,7 +190,29 @@ def _init(*args: Any, **kwargs: Any) -> Any:
         from wandb.sdk.lib import config_util
 
         arguments["config"] = config_util.dict_from_config_file(arguments["config"])
-    return open_installed_run(arguments)
+    local = _init_keywords.take_local(arguments)  # they act here, not in the logger
+    run = open_installed_run(arguments)
+    _act_here(state.wandb, run, local)
+    return run
+
+
+def _act_here(wandb: Any, run: Any, local: dict[str, Any]) -> None:
+    """What plain wandb.init does in the calling process for these keywords, done here, in
+    the process that called it (``_init_keywords``)."""
+    if local.pop("sync_tensorboard", False) and not wandb.patched["tensorboard"]:
+        # wandb's own patch: each writer's log directory goes to wandb.run (the funnel's
+        # Run) through _tensorboard_callback. Raises as plain wandb's init does when the
+        # tensorboard package is missing.
+        from wandb.integration import tensorboard
+
+        tensorboard.patch()
+    if local.pop("monitor_gym", False) and not wandb.patched["gym"]:
+        from wandb.integration import gym  # its videos go through wandb.log: the funnel's
+
+        gym.monitor()  # type: ignore[no-untyped-call]
+    _init_keywords.unsupported_here(
+        run, local, "acts on the process that owns wandb's run (the funnel's logger), not "
+        "on this one")
 
 
 def open_installed_run(arguments: dict[str, Any]) -> Any:

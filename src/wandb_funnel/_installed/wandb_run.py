@@ -16,15 +16,12 @@ of the row is logged.
 
 from __future__ import annotations
 
-import threading
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 from wandb_funnel._protocol import codec
 from wandb_funnel._worker import media
-from wandb_funnel._worker.run import Run
-from wandb_funnel.errors import FunnelWarning
+from wandb_funnel._worker.run import Run, warn_once
 
 # Telemetry and display helpers that libraries call as a matter of course: no warning.
 _SILENT = frozenset({"display", "to_html", "_repr_html_", "_repr_mimebundle_"})
@@ -36,19 +33,6 @@ _PROPERTIES: dict[str, Any] = {
     "sweep_url": None,
     "project_url": None,
 }
-
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
-def warn_once(what: str, message: str) -> None:
-    """Warn about ``what`` the first time only, in this process."""
-    with _warned_lock:
-        if what in _warned:
-            return
-        _warned.add(what)
-    warnings.warn(f"wandb-funnel: {message}", FunnelWarning, stacklevel=4)
-
 
 class InstalledRunMixin(Run):
     """What an installed run adds to ``wf.Run``: wandb's forgiving ``log``, and counts."""
@@ -139,24 +123,6 @@ class InstalledRunMixin(Run):
         )
         self._count("funnel/dropped_values", len(dropped))
         return kept
-
-    def _count(self, key: str, n: int = 1) -> None:
-        counts = self.__dict__.setdefault("_dropped_counts", {})
-        counts[key] = counts.get(key, 0) + n
-        if self.finished:
-            return
-        try:
-            self.summary.update({key: counts[key]})
-        except Exception:  # the count must never be what breaks training
-            pass
-
-    def _unsupported(self, name: str) -> None:
-        warn_once(
-            name,
-            f"run.{name}() does not go through the funnel yet; the call was ignored and is "
-            f"counted in the run's summary as funnel/unsupported_calls (shown once)",
-        )
-        self._count("funnel/unsupported_calls")
 
 
 def _stub_method(name: str) -> Callable[..., None]:

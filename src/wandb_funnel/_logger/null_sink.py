@@ -32,6 +32,9 @@ class NullSink:
     def stats(self, data: dict[str, Any]) -> None:
         pass
 
+    def tensorboard(self, log_dir: str, save: bool, root_dir: str) -> None:
+        pass
+
     def info(self) -> dict[str, Any]:
         return {"id": self.run_id}
 

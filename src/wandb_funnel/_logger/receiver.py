@@ -37,6 +37,7 @@ from wandb_funnel._protocol.messages import (
     RecordBatch,
     StatsUpdate,
     SummaryUpdate,
+    TensorboardUpdate,
     Welcome,
 )
 from wandb_funnel._protocol.sockets import LoggerSocket
@@ -45,6 +46,7 @@ from wandb_funnel._protocol.sockets import LoggerSocket
 _UPDATE_KINDS: dict[type, str] = {
     ConfigUpdate: "config", SummaryUpdate: "summary", MetricUpdate: "metric",
     FilesUpdate: "files", ConsoleUpdate: "console", StatsUpdate: "stats",
+    TensorboardUpdate: "tensorboard",
 }
 
 _TICK = 0.05  # seconds between checks when the socket is quiet
@@ -84,7 +86,7 @@ class Records:
 @dataclass(frozen=True, slots=True)
 class Update:
     rank: int
-    kind: str  # config, summary, metric (define_metric), files, console or stats
+    kind: str  # config, summary, metric (define_metric), files, console, stats or tensorboard
     data: dict[str, Any]
 
 

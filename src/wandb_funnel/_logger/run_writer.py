@@ -6,6 +6,7 @@ Write failures are counted and reported here, never raised into the logger's loo
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Callable
@@ -91,6 +92,24 @@ class RunWriter:
         if numbers:
             self._call("stats", self.sink.stats, numbers)
 
+    def _tensorboard(self, data: dict[str, Any]) -> None:
+        """A rank's tensorboard log directory: wandb-core watches it and reads its tfevents
+        files from disk into the run's history, as for plain wandb's ``sync_tensorboard``.
+        wandb-core resolves a relative path against its own working directory (the owner's,
+        where it was started, and the logger's); one relative to another directory is made
+        absolute, and one that already means the same directory is passed as given, so the
+        run's ``tbrecord`` is plain wandb's."""
+        log_dir, save, root_dir, cwd = (data.get(k) for k in ("log_dir", "save", "root_dir", "cwd"))
+        sink = self.sink
+        if sink is None or type(log_dir) is not str or not log_dir or type(save) is not bool \
+                or type(root_dir) is not str or type(cwd) is not str:
+            return
+        if cwd != os.getcwd():
+            log_dir = os.path.join(cwd, log_dir)
+            root_dir = os.path.join(cwd, root_dir) if root_dir else ""
+        self._call(f"tensorboard log directory {log_dir!r}",
+                   lambda d: sink.tensorboard(d, save, root_dir), log_dir)
+
     def _log_with_media(self, out: dict[str, Any], media_keys: set[str]) -> None:
         """A media value wandb refuses costs its keys (counted), not the row's numbers."""
         assert self.sink is not None
@@ -125,6 +144,9 @@ class RunWriter:
         if kind == "stats":
             if not late:
                 self._stats(data, rank)
+            return
+        if kind == "tensorboard":
+            self._tensorboard(data)
             return
         if self.sink is None:
             return

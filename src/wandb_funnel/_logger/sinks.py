@@ -23,6 +23,10 @@ class Sink(Protocol):
     def stats(self, data: dict[str, Any]) -> None:
         """A ``stats`` record (system metrics), keys already labelled."""
 
+    def tensorboard(self, log_dir: str, save: bool, root_dir: str) -> None:
+        """Watch a rank's tensorboard log directory (a ``tbrecord``, as wandb's
+        ``sync_tensorboard`` writes one)."""
+
     def define_metric(self, data: dict[str, Any]) -> None:
         """``run.define_metric(**data)``, as a rank asked for it."""
 

@@ -32,6 +32,7 @@ from wandb_funnel._protocol.messages import (
     RECORDS,
     STATS,
     SUMMARY,
+    TENSORBOARD,
     WELCOME,
     Ack,
     Blob,
@@ -48,6 +49,7 @@ from wandb_funnel._protocol.messages import (
     RecordBatch,
     StatsUpdate,
     SummaryUpdate,
+    TensorboardUpdate,
     Welcome,
 )
 
@@ -61,7 +63,7 @@ MAX_BATCH_RECORDS: Final = 1 << 20
 MAX_NESTING: Final = 256
 _UPDATE_NAMES: Final = {
     CONFIG: "config", SUMMARY: "summary", METRIC: "define_metric", FILES: "files",
-    CONSOLE: "console", STATS: "stats",
+    CONSOLE: "console", STATS: "stats", TENSORBOARD: "tensorboard",
 }
 
 
@@ -459,6 +461,8 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
                 return ConsoleUpdate(body[0])
             if kind == STATS:
                 return StatsUpdate(body[0])
+            if kind == TENSORBOARD:
+                return TensorboardUpdate(body[0])
             return SummaryUpdate(body[0]) if kind == SUMMARY else MetricUpdate(body[0])
         if kind == BLOB:
             _want(len(body) == 4, "blob needs 4 fields")

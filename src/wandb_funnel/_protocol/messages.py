@@ -25,6 +25,7 @@ FILES: Final = 8  # log_artifact / save: files staged by name, see _worker/files
 BLOB: Final = 9  # a chunk of a media file, from a rank on another node (no shared disk)
 CONSOLE: Final = 10  # a process's stdout/stderr writes, see _worker/console.py
 STATS: Final = 11  # a process's system metrics, see _worker/system.py
+TENSORBOARD: Final = 12  # a tensorboard log directory a rank writes, see Run._tensorboard_callback
 WELCOME: Final = 16
 DONE: Final = 17
 ACK: Final = 18
@@ -137,6 +138,15 @@ class StatsUpdate(NamedTuple):
     data: dict[str, Any]
 
 
+class TensorboardUpdate(NamedTuple):
+    """A rank's tensorboard writer opened a log directory (wandb's ``sync_tensorboard``):
+    ``{"log_dir": str, "save": bool, "root_dir": str, "cwd": str}``, as wandb's
+    ``Run._tensorboard_callback`` gets them, plus the rank's working directory (a relative
+    ``log_dir`` is the rank's)."""
+
+    data: dict[str, Any]
+
+
 class Blob(NamedTuple):
     """Bytes ``[offset, offset + len(data))`` of the staged file ``name`` (``total`` bytes in
     all), sent ahead of the record that names it by a rank that cannot write to the logger's
@@ -195,6 +205,7 @@ Message = (
     | FilesUpdate
     | ConsoleUpdate
     | StatsUpdate
+    | TensorboardUpdate
     | Blob
     | Goodbye
     | Close

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import threading
 import warnings
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -29,7 +31,7 @@ from wandb_funnel._constants import (
     WELCOME_TIMEOUT,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY
+from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY, TENSORBOARD
 from wandb_funnel._worker import console, files, media, system
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
 from wandb_funnel._worker.run_data import Config, Summary
@@ -103,6 +105,19 @@ class AttachInfo(NamedTuple):
             console=environ.get(ENV_CONSOLE, "1") != "0",
             stats_interval=_float(environ.get(ENV_STATS_INTERVAL), DEFAULT_STATS_INTERVAL),
         )
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(what: str, message: str) -> None:
+    """Warn about ``what`` the first time only, in this process."""
+    with _warned_lock:
+        if what in _warned:
+            return
+        _warned.add(what)
+    warnings.warn(f"wandb-funnel: {message}", FunnelWarning, stacklevel=4)
 
 
 class Run:
@@ -395,6 +410,45 @@ class Run:
             "overwrite": overwrite,
         }
         self._send_update(METRIC, {k: v for k, v in args.items() if v is not None})
+
+    # -- what wandb's integrations call in the calling process --------------------------------
+    def _tensorboard_callback(self, logdir: str, save: bool = True, root_logdir: str = "") -> None:
+        """What wandb's tensorboard patch (``sync_tensorboard=True``) calls when a writer in
+        this process opens a log directory: the logger hands it to the run, whose wandb-core
+        reads the tfevents files from disk. From another host than the logger's the files are
+        not on its disk (and wandb-core takes only its own host's tfevents files): warned
+        once and counted (``funnel/unsupported_calls``)."""
+        if self._info.logger_host not in (None, socket.gethostname()):
+            self._unsupported(
+                "sync_tensorboard", "a tensorboard log directory on another host than the "
+                "logger's does not reach the run (its tfevents files are not on the logger's "
+                "disk)")
+            return
+        self._send_update(TENSORBOARD, {
+            "log_dir": os.fspath(logdir), "save": bool(save),
+            "root_dir": os.fspath(root_logdir or ""), "cwd": os.getcwd(),
+        })
+
+    def _count(self, key: str, n: int = 1) -> None:
+        """Add ``n`` to this process's count ``key`` in the run's summary."""
+        counts = self.__dict__.setdefault("_dropped_counts", {})
+        counts[key] = counts.get(key, 0) + n
+        if self.finished:
+            return
+        try:
+            self.summary.update({key: counts[key]})
+        except Exception:  # the count must never be what breaks training
+            pass
+
+    def _unsupported(self, name: str, why: str | None = None) -> None:
+        """A call the funnel does not carry: warned once, counted in the run's summary."""
+        warn_once(
+            name,
+            f"{why or f'run.{name}() does not go through the funnel yet'}; the call was "
+            f"ignored and is counted in the run's summary as funnel/unsupported_calls "
+            f"(shown once)",
+        )
+        self._count("funnel/unsupported_calls")
 
     def _send_config(self, data: dict[str, Any]) -> None:
         self._send_update(CONFIG, data)

@@ -34,6 +34,7 @@ class WandbRun:
     output_raw: list[dict[str, Any]] = field(default_factory=list)  # console records
     environment: dict[str, Any] = field(default_factory=dict)  # program, args, host, ...
     stats: list[dict[str, Any]] = field(default_factory=list)  # system metrics samples
+    tbrecords: list[dict[str, Any]] = field(default_factory=list)  # tensorboard log dirs
 
     def count_cells(self, pattern: str) -> int:
         """How many history cells have a key matching ``pattern`` (a full-match regex)."""
@@ -93,6 +94,8 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             run.output_raw.append(rec["output_raw"])
         elif kind == "environment":
             run.environment.update(rec["environment"])
+        elif kind == "tbrecord":
+            run.tbrecords.append(rec["tbrecord"])
         elif kind == "artifact":
             run.artifacts.append(rec["artifact"])
         elif kind == "files":
