@@ -101,7 +101,14 @@ def _disarm() -> None:
     writer.close()
 
 
-def _watch(reader: socket.socket, main_thread: int, handler_runs: Callable[[], int]) -> None:
+def _watch(
+    reader: socket.socket,
+    main_thread: int,
+    handler_runs: Callable[[], int],
+    nudge: int = NUDGE_SIGNAL,
+) -> None:
+    """Read caught signals' numbers from ``reader``; after a SIGINT or SIGTERM, interrupt
+    ``main_thread`` with ``nudge`` until ``handler_runs()`` moves (or the schedule ends)."""
     seen = handler_runs()
     while True:
         try:
@@ -119,7 +126,7 @@ def _watch(reader: socket.socket, main_thread: int, handler_runs: Callable[[], i
             if handler_runs() != seen:
                 break  # it ran: no more interruptions
             try:
-                signal.pthread_kill(main_thread, NUDGE_SIGNAL)
+                signal.pthread_kill(main_thread, nudge)
             except OSError:
                 return  # the main thread is gone: the process is exiting
         seen = handler_runs()
