@@ -83,7 +83,11 @@ class WandbSink:
     """Owns one wandb run in the logger process."""
 
     def __init__(
-        self, init_kwargs: dict[str, Any], step_key: str, program: dict[str, Any] | None = None
+        self,
+        init_kwargs: dict[str, Any],
+        step_key: str,
+        program: dict[str, Any] | None = None,
+        stats_pid: int | None = None,
     ) -> None:
         import sys
 
@@ -112,6 +116,14 @@ class WandbSink:
         settings["sync_tensorboard"] = False
         for name in ("sync_tensorboard", "tensorboard", "monitor_gym"):
             kwargs.pop(name, None)
+        # wandb-core's unlabelled system metrics (proc.*) measure x_stats_pid, by default the
+        # process that calls wandb.init: here the logger. The run measures the training
+        # process instead (the owner's, which called wandb.init), as plain wandb does.
+        if stats_pid and "x_stats_pid" not in settings and "WANDB_X_STATS_PID" not in os.environ:
+            settings["x_stats_pid"] = stats_pid
+        self.stats_pid: int | None = _int_or_none(
+            settings.get("x_stats_pid", os.environ.get("WANDB_X_STATS_PID"))
+        )
         if "mode" not in kwargs and "WANDB_MODE" not in os.environ:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
         kwargs.setdefault("reinit", "create_new")
@@ -120,10 +132,13 @@ class WandbSink:
         self.wandb = wandb  # the media writer makes wandb's own objects from descriptors
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
         init = getattr(wandb.init, ORIGINAL_ATTRIBUTE, wandb.init)
+        _no_shared_service_notice()
         self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)
         self.run_id: str = self.run.id
         self.run.define_metric(step_key)
         self.run.define_metric("*", step_metric=step_key)
+        _record_imports(self.run, (program or {}).get("imports"))
+        _footer_of_the_users_keys(self.run, step_key)
 
     def log(self, row: dict[str, Any]) -> None:
         self.run.log(row)
@@ -183,3 +198,71 @@ class WandbSink:
 
     def finish(self, exit_code: int) -> None:
         self.run.finish(exit_code=exit_code)
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _no_shared_service_notice() -> None:
+    """wandb.init prints "Using an existing wandb-core service via WANDB_SERVICE." once per
+    process that attaches to a service it did not start: true of the logger, which shares the
+    owner's, and nothing the user did (plain wandb does not print it). wandb's own once-flag
+    (a private module global) is set, so that notice alone stays off the user's terminal;
+    every other message of wandb.init still prints. If a later wandb renames the flag, the
+    notice comes back, and nothing else changes."""
+    try:
+        from wandb.sdk import wandb_init
+    except ImportError:
+        return
+    if hasattr(wandb_init, "_shared_service_notice_shown"):
+        wandb_init._shared_service_notice_shown = True
+
+
+def _record_imports(run: Any, imports: Any) -> None:
+    """The training process's imports in the run's telemetry, as wandb.init records its
+    caller's (``imports_init``; ``imports_finish``, which wandb's import hooks fill from the
+    modules already imported, the same). The logger itself imports none of them."""
+    if not isinstance(imports, list) or not imports:
+        return
+    try:
+        from wandb.sdk.lib import telemetry
+
+        names = telemetry.list_telemetry_imports() & {n for n in imports if type(n) is str}
+        with telemetry.context(run=run) as tel:
+            for name in sorted(names):
+                setattr(tel.imports_init, name, True)
+                setattr(tel.imports_finish, name, True)
+    except Exception:  # telemetry must never cost the run: a later wandb may differ
+        pass
+
+
+def _footer_of_the_users_keys(run: Any, step_key: str) -> None:
+    """wandb's end-of-run footer ("Run history:", "Run summary:") shows the run's keys in
+    sorted order, at most 10 of each: the funnel's accounting (``funnel/*``, 16 keys) and its
+    x-axis key would lead it and push the user's own values out. They stay in the run's
+    summary; only the footer leaves them out, so it shows what plain wandb's shows (the
+    logger reports any drop on the terminal itself). wandb prints the footer from
+    ``_final_summary`` and ``_sampled_history``, which ``_on_finish`` fetches for it alone."""
+    on_finish = getattr(run, "_on_finish", None)
+    if on_finish is None:
+        return
+
+    def users(key: str) -> bool:
+        return not key.startswith("funnel/") and key != step_key
+
+    def on_finish_for_the_users_footer() -> None:
+        on_finish()
+        for response in (getattr(run, "_final_summary", None),
+                         getattr(run, "_sampled_history", None)):
+            try:
+                kept = [item for item in response.item if users(item.key)]
+                del response.item[:]
+                response.item.extend(kept)
+            except Exception:  # absent, or shaped otherwise in a later wandb: as it was
+                continue
+
+    run._on_finish = on_finish_for_the_users_footer

@@ -61,7 +61,11 @@ def user_program() -> dict[str, Any]:
         program = __main__.__file__ if spec is None else f"-m {spec.name}"
     except AttributeError:  # an interactive interpreter: wandb records none either
         program = None
-    return {"program": program, "args": list(sys.argv[1:])}
+    # wandb.init records in its telemetry which of the libraries it knows its caller has
+    # imported (torch, transformers, ...); the logger has imported none of them, so it is
+    # told this process's (top-level module names: the logger keeps those wandb knows).
+    imports = sorted(name for name in list(sys.modules) if "." not in name)
+    return {"program": program, "args": list(sys.argv[1:]), "imports": imports}
 
 
 def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
