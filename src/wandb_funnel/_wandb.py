@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import string
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from wandb_funnel._constants import TRANSACTION_LOG_FLUSH_INTERVAL
@@ -133,7 +135,8 @@ class WandbSink:
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
         init = getattr(wandb.init, ORIGINAL_ATTRIBUTE, wandb.init)
         _no_shared_service_notice()
-        self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)
+        with _started_at((program or {}).get("start_time")):
+            self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)
         self.run_id: str = self.run.id
         self.run.define_metric(step_key)
         self.run.define_metric("*", step_metric=step_key)
@@ -266,3 +269,47 @@ def _footer_of_the_users_keys(run: Any, step_key: str) -> None:
                 continue
 
     run._on_finish = on_finish_for_the_users_footer
+
+
+@contextlib.contextmanager
+def _started_at(start_time: Any) -> Iterator[None]:
+    """The run starts when the user called wandb.init, not when the logger did.
+
+    wandb.init stamps the run's start as it makes the run (``Run._start_time``, which the run
+    record carries and wandb-core counts the runtime from; and ``x_start_time``, which names
+    the run's directory), and no setting overrides either. The logger's wandb.init runs after
+    the logger process has started and imported wandb, a second or more after the user's
+    call on a loaded box: the funnel's runtime came out that much shorter than plain wandb's,
+    and 0 for a short script (the exit record then lacks ``runtime``: protobuf leaves out a
+    0). So, for this call only, both stamps are the owner's (wandb's private names: with a
+    later wandb that renamed them, the logger's own start stands)."""
+    try:
+        from wandb.sdk.wandb_init import _WandbInit
+        from wandb.sdk.wandb_run import Run
+
+        make, run_init = _WandbInit.make_run_settings, Run.__init__
+    except (ImportError, AttributeError):
+        make = run_init = None
+    if type(start_time) not in (int, float) or make is None or run_init is None:
+        yield
+        return
+    when = float(start_time)
+
+    def make_run_settings(self: Any, init_settings: Any) -> Any:
+        settings, warnings = make(self, init_settings)
+        if getattr(settings, "x_start_time", None) is not None:
+            settings.x_start_time = when
+        return settings, warnings
+
+    def init_run(self: Any, *args: Any, **kwargs: Any) -> None:
+        run_init(self, *args, **kwargs)
+        if hasattr(self, "_start_time"):
+            self._start_time = when
+
+    _WandbInit.make_run_settings = make_run_settings  # type: ignore[method-assign]
+    Run.__init__ = init_run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        _WandbInit.make_run_settings = make  # type: ignore[method-assign]
+        Run.__init__ = run_init  # type: ignore[method-assign]
