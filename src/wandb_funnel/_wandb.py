@@ -261,6 +261,8 @@ def _footer_of_the_users_keys(run: Any, step_key: str) -> None:
         on_finish()
         for response in (getattr(run, "_final_summary", None),
                          getattr(run, "_sampled_history", None)):
+            if response is None:  # not fetched (a finish that failed): nothing is printed
+                continue
             try:
                 kept = [item for item in response.item if users(item.key)]
                 del response.item[:]
@@ -287,7 +289,8 @@ def _started_at(start_time: Any) -> Iterator[None]:
         from wandb.sdk.wandb_init import _WandbInit
         from wandb.sdk.wandb_run import Run
 
-        make, run_init = _WandbInit.make_run_settings, Run.__init__
+        make: Any = _WandbInit.make_run_settings
+        run_init: Any = Run.__init__
     except (ImportError, AttributeError):
         make = run_init = None
     if type(start_time) not in (int, float) or make is None or run_init is None:

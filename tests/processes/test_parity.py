@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 
@@ -93,8 +92,9 @@ def _starts_early(result: Result) -> bool:
     """The run's start is stamped early in the user's wandb.init call (wandb stamps it as
     init begins), not near its end."""
     called, returned = result.times["init_called"], result.times["init_returned"]
-    start: Any = result.run.start_time
-    return called <= start + 0.01 and start - called < (returned - called) / 2
+    start = result.run.start_time
+    assert start is not None
+    return bool(called <= start + 0.01 and start - called < (returned - called) / 2)
 
 
 @pytest.mark.parametrize("variant", ["run", "install"])

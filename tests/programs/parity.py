@@ -39,7 +39,7 @@ def main() -> None:
         sys.stderr.flush()
         if step % 2:
             print({"loss": round(1 / (step + 1), 4), "epoch": step})
-        run.log({"loss": 1 / (step + 1), "lr": 0.1, **{f"k{step:02d}": step, f"m{step:02d}": 2}})
+        run.log({"loss": 1 / (step + 1), "lr": 0.1, f"k{step:02d}": step, f"m{step:02d}": 2})
     sys.stderr.write(f"\r100%|{'#' * STEPS}| {STEPS}/{STEPS}\n")
     print("an unfinished line", end="", flush=True)
     print(" ends here")
