@@ -7,7 +7,7 @@ import os
 import secrets
 import string
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from wandb_funnel._constants import TRANSACTION_LOG_FLUSH_INTERVAL
@@ -141,7 +141,10 @@ class WandbSink:
         self.run.define_metric(step_key)
         self.run.define_metric("*", step_metric=step_key)
         _record_imports(self.run, (program or {}).get("imports"))
-        _footer_of_the_users_keys(self.run, step_key)
+        # Set by the writer when a rank logs the step key itself: it is the user's key then.
+        self.user_step_key = False
+        _footer_of_the_users_keys(self.run, lambda key: key.startswith("funnel/") or (
+            key == step_key and not self.user_step_key))
 
     def log(self, row: dict[str, Any]) -> None:
         self.run.log(row)
@@ -243,19 +246,17 @@ def _record_imports(run: Any, imports: Any) -> None:
         pass
 
 
-def _footer_of_the_users_keys(run: Any, step_key: str) -> None:
+def _footer_of_the_users_keys(run: Any, funnels: Callable[[str], bool]) -> None:
     """wandb's end-of-run footer ("Run history:", "Run summary:") shows the run's keys in
     sorted order, at most 10 of each: the funnel's accounting (``funnel/*``, 16 keys) and its
-    x-axis key would lead it and push the user's own values out. They stay in the run's
+    x-axis key (unless a rank logs that key itself) would lead it and push the user's own
+    values out (``funnels`` says which keys are the funnel's). They stay in the run's
     summary; only the footer leaves them out, so it shows what plain wandb's shows (the
     logger reports any drop on the terminal itself). wandb prints the footer from
     ``_final_summary`` and ``_sampled_history``, which ``_on_finish`` fetches for it alone."""
     on_finish = getattr(run, "_on_finish", None)
     if on_finish is None:
         return
-
-    def users(key: str) -> bool:
-        return not key.startswith("funnel/") and key != step_key
 
     def on_finish_for_the_users_footer() -> None:
         on_finish()
@@ -264,7 +265,7 @@ def _footer_of_the_users_keys(run: Any, step_key: str) -> None:
             if response is None:  # not fetched (a finish that failed): nothing is printed
                 continue
             try:
-                kept = [item for item in response.item if users(item.key)]
+                kept = [item for item in response.item if not funnels(item.key)]
                 del response.item[:]
                 response.item.extend(kept)
             except Exception:  # absent, or shaped otherwise in a later wandb: as it was

@@ -155,3 +155,27 @@ def test_a_drop_is_said_on_the_terminal_with_the_footer_left_to_the_user(
     assert dropped > 0
     assert f"{dropped} dropped_console_lines" in funnel.proc.stderr, funnel.proc.stderr[-2000:]
     assert not [line for line in _footer(funnel.terminal) if "funnel/" in line]
+
+
+def test_the_footer_shows_a_users_own_global_step_as_plain_wandb_does(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The footer leaves out the funnel's x-axis key, but not the user's own key of that
+    name (``tests/programs/user_global_step.py`` logs ``global_step``: 1000, 2000, ...)."""
+    command = [sys.executable, str(PROGRAMS / "user_global_step.py")]
+    env = {"WANDB_SILENT": "false"}
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain-step"))
+    plain = subprocess.run(command, cwd=plain_scripts.tmp_path, env=plain_scripts.env(env),
+                           capture_output=True, text=True, timeout=200, check=False)
+    funnel = subprocess.run(VARIANTS["run"][:-2] + command, cwd=scripts.tmp_path,
+                            env=scripts.env(env), capture_output=True, text=True, timeout=200,
+                            check=False)
+    assert plain.returncode == 0 and funnel.returncode == 0, funnel.stderr[-3000:]
+    assert only_run(scripts.wandb_dir).summary["funnel/records"] == 6
+    assert leftover_processes(scripts.mark) == []
+
+    def steps(terminal: str) -> list[str]:
+        return [line for line in _footer(terminal) if " global_step " in line]
+
+    assert steps(funnel.stdout + funnel.stderr) == steps(plain.stdout + plain.stderr)
+    assert any(line.endswith("global_step 6000") for line in steps(plain.stdout + plain.stderr))

@@ -224,6 +224,8 @@ class RunWriter:
             return
         sent = self._call("summary", self.sink.update_summary, summary)
         step_done(f"{self.name}: accounting {'sent' if sent else 'refused'}")
+        if getattr(self._builder, "user_step_key", False) and hasattr(self.sink, "user_step_key"):
+            self.sink.user_step_key = True  # the footer shows that key: it is the user's
         finished = self._call("finish", self.sink.finish, exit_code)
         step_done(f"{self.name}: run {'finished' if finished else 'not finished'}")
 
