@@ -276,16 +276,16 @@ def _footer_of_the_users_keys(run: Any, funnels: Callable[[str], bool]) -> None:
 
 @contextlib.contextmanager
 def _started_at(start_time: Any) -> Iterator[None]:
-    """The run starts when the user called wandb.init, not when the logger did.
+    """The run's start time is when the user called wandb.init, not when the logger did.
 
     wandb.init stamps the run's start as it makes the run (``Run._start_time``, which the run
-    record carries and wandb-core counts the runtime from; and ``x_start_time``, which names
-    the run's directory), and no setting overrides either. The logger's wandb.init runs after
-    the logger process has started and imported wandb, a second or more after the user's
-    call on a loaded box: the funnel's runtime came out that much shorter than plain wandb's,
-    and 0 for a short script (the exit record then lacks ``runtime``: protobuf leaves out a
-    0). So, for this call only, both stamps are the owner's (wandb's private names: with a
-    later wandb that renamed them, the logger's own start stands)."""
+    record carries: the run's start time; and ``x_start_time``, which names the run's
+    directory), and no setting overrides either. The logger's wandb.init runs after the
+    logger process has started and imported wandb, a second or more after the user's call
+    on a loaded box. So, for this call only, both stamps are the owner's (wandb's private
+    names: with a later wandb that renamed them, the logger's own start stands). wandb-core's
+    runtime clock is not moved by either (it starts when the run record reaches it: see
+    docs/DESIGN.md, item 4g)."""
     try:
         from wandb.sdk.wandb_init import _WandbInit
         from wandb.sdk.wandb_run import Run
