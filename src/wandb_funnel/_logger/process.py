@@ -367,8 +367,8 @@ class Logger:
         # line, and stays in the run's summary under its funnel/* keys.
         losses = [f"{stats[key]} {key[len('funnel/'):]}" for key in _REPORTED if stats.get(key)]
         if losses:
-            log_to_stderr(f"not all went into the run (its summary's funnel/* keys): "
-                          f"{', '.join(losses)}")
+            log_to_stderr(f"what did not go as logged (the run's summary has it under "
+                          f"funnel/*): {', '.join(losses)}")
         self.final_stats = stats
         return exit_code
 
