@@ -23,8 +23,42 @@ class Sink:
         self.out.append((stream, text))
 
 
+def test_one_rank_s_console_goes_through_as_written_in_the_order_written() -> None:
+    """One rank (a one-process script): every write as it was, unlabelled, \r and half-lines
+    included, stdout and stderr in the order the process wrote them (as wrap_raw records
+    them for plain wandb); consecutive writes to one stream share a record."""
+    lines, sink = ConsoleLines(), Sink()
+    lines.take(0, {"lines": [[1, 1.0, "out 0"], [1, 1.1, "\n"], [2, 1.2, "\r 10%|#"],
+                             [1, 1.3, "{'loss': 1}\n"], [2, 1.4, "\r 20%|##"]]}, sink)
+    lines.take(0, {"lines": [[2, 1.5, "\n"], [1, 1.6, "done\n"]]}, sink)
+    assert sink.out == [("stdout", "out 0\n"), ("stderr", "\r 10%|#"),
+                        ("stdout", "{'loss': 1}\n"), ("stderr", "\r 20%|##"),
+                        ("stderr", "\n"), ("stdout", "done\n")]
+    assert lines.lines == 4 and not lines.labelled
+    lines.take(0, {"lines": [[1, 1.7, "no end"]]}, sink)
+    lines.flush(sink)  # written already; counted as a line at close, left as plain wandb does
+    assert sink.out[-1] == ("stdout", "no end") and lines.lines == 5
+
+
+def test_a_second_rank_starts_the_labels_and_ends_the_first_rank_s_open_line() -> None:
+    lines, sink = ConsoleLines(), Sink()
+    lines.take(0, {"lines": [[1, 1.0, "before\nhalf"], [2, 1.1, "err done\n"]]}, sink)
+    lines.label(sink)  # rank 1 attached
+    lines.label(sink)  # once
+    lines.take(0, {"lines": [[1, 1.2, " rest\n"]]}, sink)
+    lines.take(1, {"lines": [[2, 1.3, "e1\n"], [1, 1.4, "o1\n"], [2, 1.5, "e2\n"]]}, sink)
+    assert sink.out == [
+        ("stdout", "before\nhalf"), ("stderr", "err done\n"),
+        ("stdout", "\n"),  # the open line ended, so labelled lines start lines of their own
+        ("stdout", "[rank 0]  rest\n"),
+        ("stderr", "[rank 1] e1\n"), ("stdout", "[rank 1] o1\n"), ("stderr", "[rank 1] e2\n"),
+    ]
+    assert lines.lines == 7 and lines.dropped == 0
+
+
 def test_the_logger_writes_whole_lines_labelled_and_keeps_half_lines_apart() -> None:
     lines, sink = ConsoleLines(), Sink()
+    lines.label(sink)  # several ranks
     lines.take(1, {"lines": [[1, 1.0, "abc"]]}, sink)
     lines.take(2, {"lines": [[1, 1.1, "other rank\n"]]}, sink)
     lines.take(1, {"lines": [[1, 1.2, "def\n"], [2, 1.3, "err"], [1, 1.4, "\r10%\r20%"]]}, sink)

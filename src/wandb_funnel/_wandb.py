@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import string
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from wandb_funnel._constants import TRANSACTION_LOG_FLUSH_INTERVAL
@@ -83,7 +85,11 @@ class WandbSink:
     """Owns one wandb run in the logger process."""
 
     def __init__(
-        self, init_kwargs: dict[str, Any], step_key: str, program: dict[str, Any] | None = None
+        self,
+        init_kwargs: dict[str, Any],
+        step_key: str,
+        program: dict[str, Any] | None = None,
+        stats_pid: int | None = None,
     ) -> None:
         import sys
 
@@ -112,6 +118,14 @@ class WandbSink:
         settings["sync_tensorboard"] = False
         for name in ("sync_tensorboard", "tensorboard", "monitor_gym"):
             kwargs.pop(name, None)
+        # wandb-core's unlabelled system metrics (proc.*) measure x_stats_pid, by default the
+        # process that calls wandb.init: here the logger. The run measures the training
+        # process instead (the owner's, which called wandb.init), as plain wandb does.
+        if stats_pid and "x_stats_pid" not in settings and "WANDB_X_STATS_PID" not in os.environ:
+            settings["x_stats_pid"] = stats_pid
+        self.stats_pid: int | None = _int_or_none(
+            settings.get("x_stats_pid", os.environ.get("WANDB_X_STATS_PID"))
+        )
         if "mode" not in kwargs and "WANDB_MODE" not in os.environ:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
         kwargs.setdefault("reinit", "create_new")
@@ -120,10 +134,17 @@ class WandbSink:
         self.wandb = wandb  # the media writer makes wandb's own objects from descriptors
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
         init = getattr(wandb.init, ORIGINAL_ATTRIBUTE, wandb.init)
-        self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)
+        _no_shared_service_notice()
+        with _started_at((program or {}).get("start_time")):
+            self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)
         self.run_id: str = self.run.id
         self.run.define_metric(step_key)
         self.run.define_metric("*", step_metric=step_key)
+        _record_imports(self.run, (program or {}).get("imports"))
+        # Set by the writer when a rank logs the step key itself: it is the user's key then.
+        self.user_step_key = False
+        _footer_of_the_users_keys(self.run, lambda key: key.startswith("funnel/") or (
+            key == step_key and not self.user_step_key))
 
     def log(self, row: dict[str, Any]) -> None:
         self.run.log(row)
@@ -183,3 +204,116 @@ class WandbSink:
 
     def finish(self, exit_code: int) -> None:
         self.run.finish(exit_code=exit_code)
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _no_shared_service_notice() -> None:
+    """wandb.init prints "Using an existing wandb-core service via WANDB_SERVICE." once per
+    process that attaches to a service it did not start: true of the logger, which shares the
+    owner's, and nothing the user did (plain wandb does not print it). wandb's own once-flag
+    (a private module global) is set, so that notice alone stays off the user's terminal;
+    every other message of wandb.init still prints. If a later wandb renames the flag, the
+    notice comes back, and nothing else changes."""
+    try:
+        from wandb.sdk import wandb_init
+    except ImportError:
+        return
+    if hasattr(wandb_init, "_shared_service_notice_shown"):
+        wandb_init._shared_service_notice_shown = True
+
+
+def _record_imports(run: Any, imports: Any) -> None:
+    """The training process's imports in the run's telemetry, as wandb.init records its
+    caller's (``imports_init``; ``imports_finish``, which wandb's import hooks fill from the
+    modules already imported, the same). The logger itself imports none of them."""
+    if not isinstance(imports, list) or not imports:
+        return
+    try:
+        from wandb.sdk.lib import telemetry
+
+        names = telemetry.list_telemetry_imports() & {n for n in imports if type(n) is str}
+        with telemetry.context(run=run) as tel:
+            for name in sorted(names):
+                setattr(tel.imports_init, name, True)
+                setattr(tel.imports_finish, name, True)
+    except Exception:  # telemetry must never cost the run: a later wandb may differ
+        pass
+
+
+def _footer_of_the_users_keys(run: Any, funnels: Callable[[str], bool]) -> None:
+    """wandb's end-of-run footer ("Run history:", "Run summary:") shows the run's keys in
+    sorted order, at most 10 of each: the funnel's accounting (``funnel/*``, 16 keys) and its
+    x-axis key (unless a rank logs that key itself) would lead it and push the user's own
+    values out (``funnels`` says which keys are the funnel's). They stay in the run's
+    summary; only the footer leaves them out, so it shows what plain wandb's shows (the
+    logger reports any drop on the terminal itself). wandb prints the footer from
+    ``_final_summary`` and ``_sampled_history``, which ``_on_finish`` fetches for it alone."""
+    on_finish = getattr(run, "_on_finish", None)
+    if on_finish is None:
+        return
+
+    def on_finish_for_the_users_footer() -> None:
+        on_finish()
+        for response in (getattr(run, "_final_summary", None),
+                         getattr(run, "_sampled_history", None)):
+            if response is None:  # not fetched (a finish that failed): nothing is printed
+                continue
+            try:
+                kept = [item for item in response.item if not funnels(item.key)]
+                del response.item[:]
+                response.item.extend(kept)
+            except Exception:  # absent, or shaped otherwise in a later wandb: as it was
+                continue
+
+    run._on_finish = on_finish_for_the_users_footer
+
+
+@contextlib.contextmanager
+def _started_at(start_time: Any) -> Iterator[None]:
+    """The run's start time is when the user called wandb.init, not when the logger did.
+
+    wandb.init stamps the run's start as it makes the run (``Run._start_time``, which the run
+    record carries: the run's start time; and ``x_start_time``, which names the run's
+    directory), and no setting overrides either. The logger's wandb.init runs after the
+    logger process has started and imported wandb, a second or more after the user's call
+    on a loaded box. So, for this call only, both stamps are the owner's (wandb's private
+    names: with a later wandb that renamed them, the logger's own start stands). wandb-core's
+    runtime clock is not moved by either (it starts when the run record reaches it: see
+    docs/DESIGN.md, item 4g)."""
+    try:
+        from wandb.sdk.wandb_init import _WandbInit
+        from wandb.sdk.wandb_run import Run
+
+        make: Any = _WandbInit.make_run_settings
+        run_init: Any = Run.__init__
+    except (ImportError, AttributeError):
+        make = run_init = None
+    if type(start_time) not in (int, float) or make is None or run_init is None:
+        yield
+        return
+    when = float(start_time)
+
+    def make_run_settings(self: Any, init_settings: Any) -> Any:
+        settings, warnings = make(self, init_settings)
+        if getattr(settings, "x_start_time", None) is not None:
+            settings.x_start_time = when
+        return settings, warnings
+
+    def init_run(self: Any, *args: Any, **kwargs: Any) -> None:
+        run_init(self, *args, **kwargs)
+        if hasattr(self, "_start_time"):
+            self._start_time = when
+
+    _WandbInit.make_run_settings = make_run_settings  # type: ignore[method-assign]
+    Run.__init__ = init_run  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        _WandbInit.make_run_settings = make  # type: ignore[method-assign]
+        Run.__init__ = run_init  # type: ignore[method-assign]

@@ -104,6 +104,7 @@ class Logger:
                 writer.order.rank_expected(rank)
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
+        self._pids: dict[int, int] = {}  # rank -> its process, as it said at attach
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
         self._write_deadline: float | None = None  # when closing: rows stop, finish goes on
         self._close_clock: tuple[float, float] | None = None  # when closing: (start, budget)
@@ -137,7 +138,10 @@ class Logger:
             run_id = per.id_template.format(**names)
             sink: Sink | None
             try:
-                sink = self._open_sink({"id": run_id, "group": per.group_template.format(**names)})
+                # wandb-core samples the rank's own process for its run, as plain wandb's
+                # per-rank runs do (x_stats_pid).
+                sink = self._open_sink({"id": run_id, "group": per.group_template.format(**names)},
+                                       self._pids.get(rank))
             except Exception as exc:
                 log_to_stderr(f"could not open run {run_id!r} for rank {rank}: {exc!r}")
                 sink = None
@@ -232,7 +236,10 @@ class Logger:
             self._receiver.taken(len(event.records))
         elif isinstance(event, Attached):
             self._active.add(event.rank)
-            self._writer_for(event.rank).order.rank_attached(event.rank, time.monotonic())
+            self._pids[event.rank] = event.pid
+            writer = self._writer_for(event.rank)
+            writer.order.rank_attached(event.rank, time.monotonic())
+            writer.rank_attached(event.rank, event.pid)
         elif isinstance(event, Ended):
             self._ended(event)
         elif isinstance(event, Update):
@@ -356,11 +363,12 @@ class Logger:
             writer.finish(code, extra, elsewhere, self._write_deadline, self._closing_step)
         stats = self.stats()
         stats["funnel/exit_reason"] = why
-        if stats["funnel/dropped_records"] or stats["funnel/late_records"]:
-            log_to_stderr(
-                f"{stats['funnel/dropped_records']} records dropped, "
-                f"{stats['funnel/late_records']} logged late (after their row was written)"
-            )
+        # wandb's footer leaves funnel/* out (_wandb.py): what went wrong is said here, in one
+        # line, and stays in the run's summary under its funnel/* keys.
+        losses = [f"{stats[key]} {key[len('funnel/'):]}" for key in _REPORTED if stats.get(key)]
+        if losses:
+            log_to_stderr(f"what did not go as logged (the run's summary has it under "
+                          f"funnel/*): {', '.join(losses)}")
         self.final_stats = stats
         return exit_code
 
@@ -377,6 +385,12 @@ def _warn_once(name: str) -> Callable[[str], None]:
     return warn
 
 
+# The accounting that says something went missing or wrong: said on the terminal when not 0.
+_REPORTED = (
+    "funnel/dropped_records", "funnel/late_records", "funnel/dropped_media",
+    "funnel/dropped_files", "funnel/dropped_console_lines", "funnel/dead_ranks",
+    "funnel/failed_ranks", "funnel/junk_frames", "funnel/rejected_peers",
+)
 # Counted per run by each writer itself; everything else is the funnel's.
 _PER_WRITER = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
 
@@ -398,7 +412,7 @@ def main() -> int:
     max_frame = start.options.max_record_bytes + BATCH_BYTES + 4096
     sock: LoggerSocket | None = None
     try:
-        def open_sink(overrides: dict[str, Any]) -> Sink:
+        def open_sink(overrides: dict[str, Any], stats_pid: int | None = None) -> Sink:
             kwargs = {**start.init_kwargs, **overrides}
             if os.environ.get(ENV_SINK) == "null":  # the funnel alone, no wandb
                 from wandb_funnel._logger.null_sink import NullSink
@@ -407,7 +421,9 @@ def main() -> int:
                 return NullSink(kwargs["id"])
             from wandb_funnel._wandb import WandbSink  # here: the null sink never loads wandb
 
-            return WandbSink(kwargs, start.options.step_key, start.program)
+            # wandb-core samples the process that called wandb.init (the owner), not us.
+            return WandbSink(kwargs, start.options.step_key, start.program,
+                             stats_pid or start.owner_pid)
 
         sock = LoggerSocket(
             start.address, _PEER_RCV_HWM, max_frame, start.topology.tcp_host, start.curve

@@ -75,6 +75,7 @@ def log_to_stderr(message: str) -> None:
 @dataclass(frozen=True, slots=True)
 class Attached:
     rank: int
+    pid: int = 0  # the rank's process (the owner's pid tells the owner's rank)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +301,7 @@ class Receiver(threading.Thread):
             peer = self._peers[identity] = _Peer(
                 rank, hello.pid, hello.host, hello.pid_start, time.monotonic()
             )
-            self.events.put(Attached(rank))
+            self.events.put(Attached(rank, hello.pid))
         self._sock.reply(identity, codec.encode_welcome(Welcome(peer.rank)))
 
     def _records(

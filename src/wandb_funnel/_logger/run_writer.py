@@ -44,6 +44,8 @@ class RunWriter:
         self.rows = 0  # wandb.log calls made: one per step, however many ranks logged it
         self.dropped = 0  # records that reached the logger but not the run
         self.finished = False
+        self._ranks: set[int] = set()  # ranks attached to this run
+        self._measured: set[int] = set()  # ranks whose process wandb-core samples itself
         # A writer whose run could not be opened is broken from the start.
         self._broken: str | None = None if sink is not None else "the run could not be opened"
 
@@ -79,9 +81,23 @@ class RunWriter:
                 if with_media:
                     self.media.discard(parts)  # what wandb did not move into the run
 
+    def rank_attached(self, rank: int, pid: int) -> None:
+        """``rank`` (process ``pid``) attached. Once a second rank has, console lines are
+        labelled with their rank, and every rank's system metrics are written labelled."""
+        self._ranks.add(rank)
+        if pid and pid == getattr(self.sink, "stats_pid", None):
+            self._measured.add(rank)
+        if len(self._ranks) > 1:
+            self.console.label(self.sink if self._broken is None else None)
+
     def _stats(self, data: dict[str, Any], rank: int) -> None:
         """A rank's system metrics, each key labelled as wandb labels a writer's: the rank
-        the logger knows the peer by, and the host it says."""
+        the logger knows the peer by, and the host it says. While that rank is the run's only
+        one and wandb-core samples its process (``x_stats_pid``: the process that called
+        ``wandb.init``), wandb-core's unlabelled series are its figures, as with plain
+        wandb: a labelled copy would only repeat them."""
+        if rank in self._measured and len(self._ranks) < 2:
+            return
         host, values = data.get("host"), data.get("stats")
         if self.sink is None or self._broken is not None or type(host) is not str \
                 or not _LABEL.fullmatch(host) or type(values) is not dict:
@@ -208,6 +224,8 @@ class RunWriter:
             return
         sent = self._call("summary", self.sink.update_summary, summary)
         step_done(f"{self.name}: accounting {'sent' if sent else 'refused'}")
+        if getattr(self._builder, "user_step_key", False) and hasattr(self.sink, "user_step_key"):
+            self.sink.user_step_key = True  # the footer shows that key: it is the user's
         finished = self._call("finish", self.sink.finish, exit_code)
         step_done(f"{self.name}: run {'finished' if finished else 'not finished'}")
 

@@ -49,7 +49,7 @@ def _stats_interval(settings: dict[str, Any]) -> float:
         return DEFAULT_STATS_INTERVAL
 
 
-def user_program() -> dict[str, Any]:
+def user_program(start_time: float | None = None) -> dict[str, Any]:
     """What wandb.init would record as this process's program and arguments (wandb's own
     rule: ``__main__.__file__``, or ``-m module``), for the logger's run to record instead of
     its own ``-m wandb_funnel._logger``."""
@@ -61,7 +61,12 @@ def user_program() -> dict[str, Any]:
         program = __main__.__file__ if spec is None else f"-m {spec.name}"
     except AttributeError:  # an interactive interpreter: wandb records none either
         program = None
-    return {"program": program, "args": list(sys.argv[1:])}
+    # wandb.init records in its telemetry which of the libraries it knows its caller has
+    # imported (torch, transformers, ...); the logger has imported none of them, so it is
+    # told this process's (top-level module names: the logger keeps those wandb knows).
+    imports = sorted(name for name in list(sys.modules) if "." not in name)
+    return {"program": program, "args": list(sys.argv[1:]), "imports": imports,
+            "start_time": start_time}
 
 
 def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -197,6 +202,9 @@ class Funnel:
 
         # Before any process is spawned, so all of them share one wandb-core.
         self._owns_service = setup_service()
+        # The run's start, as plain wandb stamps it: in the user's wandb.init, once wandb-core
+        # answers (the logger's own init comes a second or more later).
+        started = time.time()
         if self.topology.tcp_host is not None:
             self._curve = new_curve_keys()
         self._address, self._ipc_dir = private_ipc_endpoint()
@@ -213,7 +221,7 @@ class Funnel:
             topology=self.topology,
             init_kwargs=self._init_kwargs,
             curve=self._curve,
-            program=user_program(),
+            program=user_program(started),
         )
         try:
             self._logger, ready = LoggerProcess.spawn(start, ready_r, self.options.start_timeout)

@@ -35,6 +35,9 @@ class WandbRun:
     environment: dict[str, Any] = field(default_factory=dict)  # program, args, host, ...
     stats: list[dict[str, Any]] = field(default_factory=list)  # system metrics samples
     tbrecords: list[dict[str, Any]] = field(default_factory=list)  # tensorboard log dirs
+    telemetry: dict[str, Any] = field(default_factory=dict)  # the last telemetry (cumulative)
+    start_time: float | None = None  # the run record's start, seconds since the epoch
+    runtime: int | None = None  # the exit record's (None: absent, as protobuf leaves out 0)
 
     def count_cells(self, pattern: str) -> int:
         """How many history cells have a key matching ``pattern`` (a full-match regex)."""
@@ -78,6 +81,9 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             run.run_id = body.get("run_id", "")
             run.group = body.get("run_group", "")
             run.name = body.get("display_name", "")
+            run.telemetry = body.get("telemetry", run.telemetry)
+            if body.get("start_time"):
+                run.start_time = _epoch(body["start_time"])
             for key, value in body.get("config", {}).get("update", {}).items():
                 run.config[key] = value
         elif kind == "history":
@@ -100,9 +106,22 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             run.artifacts.append(rec["artifact"])
         elif kind == "files":
             run.files.extend(f.get("path", "") for f in rec["files"].get("files", []))
+        elif kind == "telemetry":
+            run.telemetry = rec["telemetry"]
         elif kind == "exit":
             run.exit_code = int(rec["exit"].get("exit_code", 0))
+            run.runtime = rec["exit"].get("runtime")
     return run
+
+
+def _epoch(stamp: str) -> float:
+    """An RFC 3339 time as wandb writes it (``2026-11-27T05:52:17.785213Z``, nanoseconds at
+    most) in seconds since the epoch."""
+    from datetime import datetime
+
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    whole = datetime.fromisoformat(head + "+00:00").timestamp()
+    return whole + (float("0." + frac) if frac else 0.0)
 
 
 def find_runs(wandb_dir: os.PathLike[str] | str) -> list[WandbRun]:
