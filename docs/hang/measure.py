@@ -124,7 +124,7 @@ def one(mode: str, i: int, data: pathlib.Path, limit: float, extra: list[str]) -
     stdout, stderr = (cwd / "stdout").read_text(errors="replace"), (cwd / "stderr").read_text(errors="replace")
     returned = {m[0]: float(m[1]) for m in re.findall(r"HANG-PROBE rank=(\d+) main-returned t=([\d.]+)", stdout)}
     record = {
-        "mode": mode, "i": i, "rc": proc.returncode, "seconds": round(seconds, 2), "hung": hung,
+        "mode": mode, "i": i, "limit": limit, "rc": proc.returncode, "seconds": round(seconds, 2), "hung": hung,
         "stuck": stuck, "stuck_ranks": sorted({d["rank"] for d in stuck if d["rank"] is not None}),
         "main_returned": {r: round(t - t0, 3) for r, t in returned.items()},
         "process_ended": {r: round(t - t0, 3) for r, t in rank_end.items()},

@@ -16,15 +16,22 @@ def exit_seconds(rec: dict, rank: str) -> float | None:
     return None if returned is None or ended is None else ended - returned
 
 
+def at_exit(rec: dict) -> bool:
+    """A hang at exit: every rank still alive at the limit had left main() before it."""
+    limit = rec.get("limit", 75)  # the first records were taken with 75 s, before it was kept
+    return rec["hung"] and all(rec["main_returned"].get(r, limit) < limit for r in rec["stuck_ranks"])
+
+
 def main() -> None:
     recs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
     modes = list(dict.fromkeys(r["mode"] for r in recs))
-    print("| mode | runs | hung | rank stuck | exit code != 0 | 'terminate called' | survivors |"
+    print("| mode | runs | hung at exit | still in main() at the limit | rank stuck | exit code != 0 | 'terminate called' | survivors |"
           " rank 0 exit s (median, max) | rank 1 exit s (median, max) | rank 1 gone first |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
         rs = [r for r in recs if r["mode"] == mode]
-        hung = [r for r in rs if r["hung"]]
+        hung = [r for r in rs if at_exit(r)]
+        slow = [r for r in rs if r["hung"] and not at_exit(r)]
         stuck = sorted({s for r in hung for s in r["stuck_ranks"]})
         bad = [r for r in rs if not r["hung"] and r["rc"] != 0]
         cols = []
@@ -32,7 +39,7 @@ def main() -> None:
             xs = [x for r in rs if (x := exit_seconds(r, rank)) is not None]
             cols.append(f"{statistics.median(xs):.1f}, {max(xs):.1f}" if xs else "-")
         first = sum(1 for r in rs if r["process_ended"].get("1", 1e9) <= r["process_ended"].get("0", 1e9))
-        print(f"| {mode} | {len(rs)} | {len(hung)} | {', '.join(stuck) or '-'} | {len(bad)} | "
+        print(f"| {mode} | {len(rs)} | {len(hung)} | {len(slow)} | {', '.join(stuck) or '-'} | {len(bad)} | "
               f"{sum(r['terminate_called'] > 0 for r in rs)} | {sum(len(r['survivors']) for r in rs)} | "
               f"{cols[0]} | {cols[1]} | {first} of {len(rs)} |")
     print()
