@@ -181,3 +181,32 @@ def test_the_startup_hook_installs_once_wandb_is_imported(tmp_path: Any) -> None
     assert _python(f"import wandb; print(hasattr(wandb.init, {ORIGINAL_ATTRIBUTE!r}))", env) == (
         "False"
     )
+
+
+def test_a_process_that_never_calls_init_gets_no_exit_work(tmp_path: Any) -> None:
+    """Issue 23, item 5: in timm's train.py under torchrun, rank 1 imports wandb (timm.utils
+    does) but never calls wandb.init, and its interpreter exit is where torch's gloo process
+    group is torn down. Installed, such a process must exit as it would without the funnel:
+    no thread of ours, and no exit hook but the exit-code keeper, which is a no-op unless a
+    signal handler chose a code during our own shutdown."""
+    code = (
+        "import atexit, json, threading\n"
+        "hooks = []\n"
+        "register = atexit.register\n"
+        "def spy(f, *a, **k):\n"
+        "    name = getattr(f, '__qualname__', repr(f))\n"
+        "    hooks.append(f'{getattr(f, \"__module__\", None)}.{name}')\n"
+        "    return register(f, *a, **k)\n"
+        "atexit.register = spy\n"
+        "import torch.distributed, wandb\n"  # in timm's order: torch, then timm.utils's wandb
+        "print(json.dumps([sorted(hooks), sorted(t.name for t in threading.enumerate())]))\n"
+    )
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_FUNNEL_")}
+    plain.pop("PYTHONPATH", None)
+    installed = dict(plain, PYTHONPATH=installer.BOOTSTRAP_DIR, **{ENV_INSTALL: "{}"})
+    hooks_plain, threads_plain = json.loads(_python(code, plain))
+    hooks_installed, threads_installed = json.loads(_python(code, installed))
+    assert threads_installed == threads_plain
+    ours = set(hooks_installed) - set(hooks_plain)
+    assert ours == {"wandb_funnel._worker.lifecycle._keep_exit_code",
+                    "zmq.sugar.context._notice_atexit"}, ours
