@@ -22,6 +22,7 @@ ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when t
 # pid (a DataLoader worker, a Pool) then gets a fresh rank instead of colliding with its parent.
 ENV_RANK_PID: Final = "WANDB_FUNNEL_RANK_PID"
 ENV_SINK: Final = "WANDB_FUNNEL_SINK"  # "null": the logger writes nothing (benchmarks)
+SINK_RECORD_PREFIX: Final = "record:"  # WANDB_FUNNEL_SINK=record:DIR: testing.capture_run()
 # JSON: the open run's name, project, entity, dir, url, ... (what ``wandb.run.name`` answers).
 ENV_RUN_INFO: Final = "WANDB_FUNNEL_RUN_INFO"
 # Set (to JSON funnel options) by ``install()`` and ``wandb-funnel run``: every Python process

@@ -30,6 +30,7 @@ from wandb_funnel._constants import (
     EXIT_SIGTERM,
     LOGGER_TICK,
     MEDIA_DIR,
+    SINK_RECORD_PREFIX,
 )
 from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._logger.ordering import Reorderer
@@ -43,6 +44,7 @@ from wandb_funnel._logger.receiver import (
     Update,
     log_to_stderr,
 )
+from wandb_funnel._logger.recording_sink import RecordingSink
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.run_writer import RunWriter
 from wandb_funnel._logger.sinks import Sink
@@ -414,11 +416,14 @@ def main() -> int:
     try:
         def open_sink(overrides: dict[str, Any], stats_pid: int | None = None) -> Sink:
             kwargs = {**start.init_kwargs, **overrides}
-            if os.environ.get(ENV_SINK) == "null":  # the funnel alone, no wandb
+            chosen = os.environ.get(ENV_SINK, "")
+            if chosen == "null":  # the funnel alone, no wandb
                 from wandb_funnel._logger.null_sink import NullSink
 
                 log_to_stderr(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
                 return NullSink(kwargs["id"])
+            if chosen.startswith(SINK_RECORD_PREFIX):  # testing.capture_run(): no wandb
+                return RecordingSink(chosen[len(SINK_RECORD_PREFIX):], kwargs)
             from wandb_funnel._wandb import WandbSink  # here: the null sink never loads wandb
 
             # wandb-core samples the process that called wandb.init (the owner), not us.

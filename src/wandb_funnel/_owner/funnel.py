@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from wandb_funnel import _current
-from wandb_funnel._constants import DEFAULT_STATS_INTERVAL, EXPORTED_ENV, MEDIA_DIR
+from wandb_funnel._constants import DEFAULT_STATS_INTERVAL, ENV_SINK, EXPORTED_ENV, MEDIA_DIR
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
@@ -198,10 +198,12 @@ class Funnel:
         """
         if self._logger is not None:
             raise RuntimeError("wandb_funnel: Funnel.start() called twice")
-        from wandb_funnel._wandb import setup_service
+        # Before any process is spawned, so all of them share one wandb-core; not for a sink
+        # that is not wandb (WANDB_FUNNEL_SINK: benchmarks, testing.capture_run).
+        if not os.environ.get(ENV_SINK):
+            from wandb_funnel._wandb import setup_service
 
-        # Before any process is spawned, so all of them share one wandb-core.
-        self._owns_service = setup_service()
+            self._owns_service = setup_service()
         # The run's start, as plain wandb stamps it: in the user's wandb.init, once wandb-core
         # answers (the logger's own init comes a second or more later).
         started = time.time()

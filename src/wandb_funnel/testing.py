@@ -1,0 +1,141 @@
+"""``capture_run()``: test your logging without wandb, as structlog's ``capture_logs`` does for
+log lines.
+
+    from wandb_funnel.testing import capture_run
+
+    def test_my_training_logs_the_loss():
+        with capture_run() as cap:
+            train(steps=3)  # opens a wf.Funnel / wf.init, spawns workers that log
+        assert [row["loss"] for row in cap.rows] == [...]
+        assert cap.summary["funnel/dropped_records"] == 0 and cap.exit_code == 0
+
+Every funnel opened inside the block, in this process and in every process started from it
+while it is open (``WANDB_FUNNEL_SINK`` is inherited), writes to a recording sink instead of
+wandb: no wandb import, no wandb-core, no network, no run directory. The funnel itself runs
+for real (logger process, sockets, ordering, reduction, accounting), so what ``cap`` holds is
+what wandb would have been given. The recording lives in a private temporary directory,
+removed when the block ends; ``cap`` keeps what was read from it.
+
+Media values appear in rows as ``{"_media": kind}`` placeholders (wandb is what turns them
+into files), and ``log_artifact``/``save`` are counted as dropped files (no run directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from wandb_funnel._constants import ENV_SINK, SINK_RECORD_PREFIX
+
+__all__ = ["CapturedRun", "RunCapture", "capture_run"]
+
+
+class CapturedRun:
+    """What one run was given, in the order the logger gave it."""
+
+    def __init__(self, run_id: str, entries: list[dict[str, Any]]) -> None:
+        self.id = run_id
+        self.init: dict[str, Any] = {}
+        self.rows: list[dict[str, Any]] = []
+        self.config: dict[str, Any] = {}
+        self.summary: dict[str, Any] = {}
+        self.metrics: list[dict[str, Any]] = []
+        self.console: list[tuple[str, str]] = []  # (stream, text), in write order
+        self.stats: list[dict[str, Any]] = []
+        self.exit_code: int | None = None  # None: the run was never finished
+        for entry in entries:
+            kind, data = entry["kind"], entry["data"]
+            if kind == "init":  # wandb.init's arguments, config among them
+                self.init = data
+                self.config.update(data.get("config") or {})
+            elif kind == "row":
+                self.rows.append(data)
+            elif kind == "config":
+                self.config.update(data)
+            elif kind == "summary":
+                self.summary.update(data)
+            elif kind == "metric":
+                self.metrics.append(data)
+            elif kind == "console":
+                self.console.append((data["stream"], data["text"]))
+            elif kind == "stats":
+                self.stats.append(data)
+            elif kind == "finish":
+                self.exit_code = data["exit_code"]
+
+    @property
+    def console_text(self) -> str:
+        """Everything the ranks printed, as one string (both streams, in write order)."""
+        return "".join(text for _, text in self.console)
+
+    def __repr__(self) -> str:
+        return f"CapturedRun(id={self.id!r}, rows={len(self.rows)}, exit_code={self.exit_code})"
+
+
+class RunCapture:
+    """The runs recorded inside a ``capture_run()`` block (read when the block ends).
+
+    ``rows``, ``config``, ``summary``, ``metrics``, ``console``, ``console_text``, ``stats``
+    and ``exit_code`` are the only run's; with several (``run_mode="new"``), use ``runs``.
+    """
+
+    def __init__(self) -> None:
+        self.runs: dict[str, CapturedRun] = {}
+
+    @property
+    def run(self) -> CapturedRun:
+        if len(self.runs) != 1:
+            raise LookupError(
+                f"wandb_funnel.testing: {len(self.runs)} runs were recorded, not one: "
+                f"use cap.runs[run_id] ({sorted(self.runs)})"
+            )
+        (only,) = self.runs.values()
+        return only
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("rows", "config", "summary", "metrics", "console", "console_text",
+                    "stats", "exit_code", "init", "id"):
+            return getattr(self.run, name)
+        raise AttributeError(name)
+
+    def _read(self, directory: str) -> None:
+        for name in sorted(os.listdir(directory)):
+            if not name.endswith(".jsonl"):
+                continue
+            entries = []
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                for line in f:
+                    if line.endswith("\n"):  # a line cut by a killed logger is left out
+                        entries.append(json.loads(line))
+            run_id = name.removesuffix(".jsonl")
+            self.runs[run_id] = CapturedRun(run_id, entries)
+
+
+@contextlib.contextmanager
+def capture_run() -> Iterator[RunCapture]:
+    """Record every run opened inside the block instead of writing it to wandb.
+
+    Raises:
+        RuntimeError: a capture is already active (or ``WANDB_FUNNEL_SINK`` is set).
+    """
+    if os.environ.get(ENV_SINK):
+        raise RuntimeError(
+            f"wandb_funnel.testing.capture_run: {ENV_SINK} is already set "
+            f"({os.environ[ENV_SINK]!r}): captures do not nest"
+        )
+    directory = tempfile.mkdtemp(prefix="wandb-funnel-capture-")
+    cap = RunCapture()
+    os.environ[ENV_SINK] = f"{SINK_RECORD_PREFIX}{directory}"
+    try:
+        yield cap
+    finally:
+        os.environ.pop(ENV_SINK, None)
+        try:
+            cap._read(directory)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
