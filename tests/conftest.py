@@ -167,3 +167,79 @@ def wait_for_report(
             if key in seen:
                 return seen
     raise AssertionError(f"no REPORT with {key!r} within {timeout}s (got {seen})")
+
+
+# ---- tiers: the gate and the full tier (tests/tiers.py) ----------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("wandb-funnel tiers")
+    group.addoption("--sample-seed", type=int, default=None,
+                    help="run a random sample of the selected tests, in an order drawn from "
+                         "this seed (.ci/run derives it from the commit)")
+    group.addoption("--time-box", type=float, default=None, metavar="SECONDS",
+                    help="start no test after this long; what ran is reported as usual")
+    group.addoption("--full", action="store_true",
+                    help="the full tier too (by default, with no -m, only the gate runs)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.tiers import JOB_MARKERS, in_gate
+
+    for item in items:
+        starts_a_job = any(item.get_closest_marker(m) for m in JOB_MARKERS)
+        if starts_a_job and not item.get_closest_marker("gate") and not in_gate(item.nodeid):
+            item.add_marker(pytest.mark.full)
+    # `python -m pytest` (the README's command) is the gate; --full or any -m chooses.
+    if not config.getoption("--full") and not config.option.markexpr:
+        full = [item for item in items if item.get_closest_marker("full")]
+        if full:
+            config.hook.pytest_deselected(items=full)
+            items[:] = [item for item in items if not item.get_closest_marker("full")]
+
+
+class _Sample:
+    """``--sample-seed``: the selected tests shuffled by the seed; ``--time-box``: stop
+    starting tests once it has passed (the sample's order decides which ran)."""
+
+    def __init__(self, seed: int | None, box: float | None) -> None:
+        self.seed, self.box = seed, box
+        self.started = time.monotonic()
+        self.ran = 0
+        self.selected = 0
+        self.boxed = False
+
+    @pytest.hookimpl(trylast=True)  # after -m has deselected
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        if self.seed is not None:
+            import random
+
+            random.Random(self.seed).shuffle(items)
+        self.selected = len(items)
+
+    def pytest_sessionstart(self) -> None:
+        self.started = time.monotonic()
+
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        self.ran += 1
+        if self.box is not None and time.monotonic() - self.started > self.box:
+            self.boxed = True
+            item.session.shouldstop = (
+                f"time box of {self.box:.0f}s reached: {self.ran} of {self.selected} "
+                f"selected tests ran (seed {self.seed})"
+            )
+
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # Stopping at the time box is the plan, not an interruption: the status is what the
+        # tests that ran say.
+        if self.boxed and session.exitstatus == pytest.ExitCode.INTERRUPTED:
+            session.exitstatus = (
+                pytest.ExitCode.TESTS_FAILED if session.testsfailed else pytest.ExitCode.OK
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    seed, box = config.getoption("--sample-seed"), config.getoption("--time-box")
+    if seed is not None or box is not None:
+        config.pluginmanager.register(_Sample(seed, box), "wandb-funnel-sample")

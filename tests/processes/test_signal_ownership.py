@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
+from typing import Any
 
 import pytest
 
 from tests.conftest import Scripts, reports
+from tests.tiers import pairwise_cover
 from tests.wandb_reader import find_runs
 from wandb_funnel._constants import BATCH_RECORDS
 
@@ -82,9 +84,17 @@ def _expected_exit(role: str, handler: str, land: str, sig: str) -> int:
     return 1 if role == "worker" else -signal.SIGINT
 
 
+def _tiered_cases() -> list[Any]:
+    """Every case; the gate runs a pairwise cover of them (every pair of values of any two
+    dimensions that the matrix has, so every handler x landing pair), the full tier all."""
+    cases = _cases()
+    cover = set(pairwise_cover(cases))
+    return [pytest.param(*c, marks=[pytest.mark.gate] if c in cover else []) for c in cases]
+
+
 @pytest.mark.parametrize(
     ("role", "method", "handler", "when", "land", "sig"),
-    _cases(),
+    _tiered_cases(),
     ids=str,
 )
 def test_signal_ownership(
