@@ -42,6 +42,10 @@ def test_the_wandb_api_through_the_funnel_matches_plain_wandb(
     assert seen == plain_seen
     assert seen["name"] == "surface-run" and seen["change_without_allow"] == "ConfigError"
     assert seen["int_keys"] == {"0": "neg", "1": "pos"}
+    assert seen["finished_calls"]["log"] == (
+        "Run (ID) is finished. The call to `log` will be ignored. Please make sure that you "
+        "are using an active run."
+    )
     # What the run holds: the same rows (step= and commit= as wandb treats them), config,
     # name, group, summary and the user's own step metric.
     assert funnel.summary["funnel/records"] > 0  # it did go through the funnel

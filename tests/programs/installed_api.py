@@ -96,6 +96,20 @@ def surface(args: argparse.Namespace) -> None:
     wandb.termwarn("a termwarn line")
     wandb.finish(exit_code=0)
     report(run_after=wandb.run is None)
+    # Calls on the finished run raise what wandb raises, worded as wandb words them.
+    refused = {}
+    for name, call in [
+        ("log", lambda: run.log({"late": 1})),
+        ("config", lambda: run.config.update({"late": 1})),
+        ("summary", lambda: run.summary.update({"late": 1})),
+        ("define_metric", lambda: run.define_metric("late")),
+    ]:
+        try:
+            call()
+            refused[name] = "nothing raised"
+        except wandb.errors.UsageError as exc:
+            refused[name] = str(exc).replace(run.id, "ID")
+    report(finished_calls=refused)
 
 
 def child(n: int) -> bool:

@@ -56,6 +56,16 @@ class InstalledRunMixin(Run):
                 raise  # not a value's fault (a bad key, step or commit): the caller's error
             Run.log(self, kept, step=step, commit=commit)
 
+    def _finished_error(self, call: str) -> Exception:
+        """wandb's own error for a call on a finished run, worded as wandb words it (code
+        that catches wandb's UsageError catches ours)."""
+        from wandb.errors import UsageError
+
+        return UsageError(
+            f"Run ({self.id}) is finished. The call to `{call}` will be ignored. Please make "
+            f"sure that you are using an active run."
+        )
+
     def _log(self, data: dict[str, Any], step: int | None = None, commit: bool | None = None,
              **_: Any) -> None:
         """What wandb's own helpers call (``watch``'s hooks log histograms with

@@ -32,6 +32,13 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY, TENSORBOARD
+
+# The call a finished run refuses, by update kind, named as wandb names it in its error.
+_UPDATE_CALLS = {
+    CONFIG: "_config_callback",
+    SUMMARY: "_summary_update_callback",
+    METRIC: "define_metric",
+}
 from wandb_funnel._worker import console, files, media, system
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
 from wandb_funnel._worker.run_data import Config, Summary
@@ -252,7 +259,7 @@ class Run:
         # The hot path: every call here costs the training loop (2-3.5 us in all here), so the
         # common cases are checked inline and the helpers only run for the rest.
         if self._finished:
-            raise ClientClosedError("wandb_funnel: log() on a finished run")
+            raise self._finished_error("log")
         if commit is not None and type(commit) is not bool:
             raise TypeError(f"wandb_funnel: commit must be a bool or None, got {commit!r}")
         stream = self._stream
@@ -450,6 +457,11 @@ class Run:
         )
         self._count("funnel/unsupported_calls")
 
+    def _finished_error(self, call: str) -> Exception:
+        """What a call on a finished run raises (an installed run raises wandb's own)."""
+        what = "log()" if call == "log" else "update"
+        return ClientClosedError(f"wandb_funnel: {what} on a finished run")
+
     def _send_config(self, data: dict[str, Any]) -> None:
         self._send_update(CONFIG, data)
 
@@ -458,7 +470,7 @@ class Run:
 
     def _send_update(self, kind: int, data: dict[str, Any]) -> bool:
         if self._finished:
-            raise ClientClosedError("wandb_funnel: update on a finished run")
+            raise self._finished_error(_UPDATE_CALLS.get(kind, "update"))
         frame = codec.encode_update(kind, data, self._info.max_record_bytes)
         return self._live_stream().send_control(frame)
 
