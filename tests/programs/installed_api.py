@@ -10,6 +10,7 @@ import argparse
 import importlib
 import multiprocessing as mp
 import os
+from collections.abc import Callable
 from typing import Any
 
 from _prelude import Scenarios, option, report
@@ -98,12 +99,13 @@ def surface(args: argparse.Namespace) -> None:
     report(run_after=wandb.run is None)
     # Calls on the finished run raise what wandb raises, worded as wandb words them.
     refused = {}
-    for name, call in [
+    calls: list[tuple[str, Callable[[], object]]] = [
         ("log", lambda: run.log({"late": 1})),
         ("config", lambda: run.config.update({"late": 1})),
         ("summary", lambda: run.summary.update({"late": 1})),
         ("define_metric", lambda: run.define_metric("late")),
-    ]:
+    ]
+    for name, call in calls:
         try:
             call()
             refused[name] = "nothing raised"

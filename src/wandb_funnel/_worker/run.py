@@ -32,6 +32,11 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY, TENSORBOARD
+from wandb_funnel._worker import console, files, media, system
+from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
+from wandb_funnel._worker.run_data import Config, Summary
+from wandb_funnel._worker.stream import Stream
+from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
 # The call a finished run refuses, by update kind, named as wandb names it in its error.
 _UPDATE_CALLS = {
@@ -39,11 +44,6 @@ _UPDATE_CALLS = {
     SUMMARY: "_summary_update_callback",
     METRIC: "define_metric",
 }
-from wandb_funnel._worker import console, files, media, system
-from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
-from wandb_funnel._worker.run_data import Config, Summary
-from wandb_funnel._worker.stream import Stream
-from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
 
 def _float(text: str | None, default: float) -> float:
