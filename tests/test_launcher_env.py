@@ -46,7 +46,7 @@ def test_no_launcher() -> None:
 
 def test_inherited_rank_is_not_a_rank() -> None:
     """A DataLoader worker inherits RANK from its rank, which marked it with its own pid."""
-    env = {"RANK": "1", "WORLD_SIZE": "2", "WANDB_FUNNEL_RANK_PID": str(os.getpid() + 1)}
+    env = {"RANK": "1", "WORLD_SIZE": "2", "_WANDB_FUNNEL_RANK_PID": str(os.getpid() + 1)}
     assert detect(env) is None
-    env["WANDB_FUNNEL_RANK_PID"] = str(os.getpid())
+    env["_WANDB_FUNNEL_RANK_PID"] = str(os.getpid())
     assert detect(env) is not None

@@ -123,7 +123,10 @@ def test_options_from_environment_variables() -> None:
         "WANDB_FUNNEL_CLOSE_TIMEOUT": "12.5",
         "WANDB_FUNNEL_MAX_PENDING_ROWS": "7",
         "WANDB_FUNNEL_STEP_KEY": "",  # empty: not set
-        "WANDB_FUNNEL_ADDRESS": "ipc:///x",  # a funnel's address, not an option
+        "_WANDB_FUNNEL_ADDRESS": "ipc:///x",  # a funnel's address, not an option
+        # A running funnel's exported limit is its state, never a child's option (issue 24:
+        # both were WANDB_FUNNEL_MAX_RECORD_BYTES, so install() under a funnel took it).
+        "_WANDB_FUNNEL_MAX_RECORD_BYTES": "1",
     }
     options = FunnelOptions.from_env(env)
     assert options == {

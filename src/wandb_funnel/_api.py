@@ -48,7 +48,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
 
     Takes ``wandb.init``'s keywords, as wandb does (a ``None`` value means "not set"), mixed
     with the funnel's options (``FunnelOptions``). In a process started after a Funnel (it
-    finds ``WANDB_FUNNEL_ADDRESS``), this attaches as a rank: ``rank`` if given, else ``RANK``
+    finds ``_WANDB_FUNNEL_ADDRESS``), this attaches as a rank: ``rank`` if given, else ``RANK``
     from the environment, else the next one the logger assigns. ``config=`` is applied to the
     run; other wandb.init arguments belong to the owner and are ignored with a warning. With no
     funnel around it starts a private one, so a single-process script works exactly like

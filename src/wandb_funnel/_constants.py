@@ -5,29 +5,31 @@ from __future__ import annotations
 from typing import Final
 
 # --- environment variables a Funnel exports to the processes started after it --------------
-ENV_ADDRESS: Final = "WANDB_FUNNEL_ADDRESS"  # the ZeroMQ endpoint clients connect to
-ENV_TOKEN: Final = "WANDB_FUNNEL_TOKEN"  # per-funnel secret every HELLO must carry
-ENV_RUN_ID: Final = "WANDB_FUNNEL_RUN_ID"  # the wandb run id, known before the logger starts
-ENV_LOGGER_PID: Final = "WANDB_FUNNEL_LOGGER_PID"  # lets a client skip lingering on a dead logger
-ENV_HOST: Final = "WANDB_FUNNEL_HOST"  # hostname of the logger (pids are only meaningful there)
-ENV_MAX_RECORD_BYTES: Final = "WANDB_FUNNEL_MAX_RECORD_BYTES"
-ENV_MAX_MEDIA_BYTES: Final = "WANDB_FUNNEL_MAX_MEDIA_BYTES"
-ENV_CONSOLE: Final = "WANDB_FUNNEL_CONSOLE"  # "0": the owner's settings say console="off"
+# Its state, prefixed _WANDB_FUNNEL_: a child never mistakes it for one of the options that
+# WANDB_FUNNEL_<OPTION> sets (FunnelOptions.from_env).
+ENV_ADDRESS: Final = "_WANDB_FUNNEL_ADDRESS"  # the ZeroMQ endpoint clients connect to
+ENV_TOKEN: Final = "_WANDB_FUNNEL_TOKEN"  # per-funnel secret every HELLO must carry
+ENV_RUN_ID: Final = "_WANDB_FUNNEL_RUN_ID"  # the wandb run id, known before the logger starts
+ENV_LOGGER_PID: Final = "_WANDB_FUNNEL_LOGGER_PID"  # lets a client skip lingering on a dead logger
+ENV_HOST: Final = "_WANDB_FUNNEL_HOST"  # hostname of the logger (pids are only meaningful there)
+ENV_MAX_RECORD_BYTES: Final = "_WANDB_FUNNEL_MAX_RECORD_BYTES"
+ENV_MAX_MEDIA_BYTES: Final = "_WANDB_FUNNEL_MAX_MEDIA_BYTES"
+ENV_CONSOLE: Final = "_WANDB_FUNNEL_CONSOLE"  # "0": the owner's settings say console="off"
 # Seconds between a process's system metrics samples (wandb's x_stats_sampling_interval);
 # "0": the owner's settings say x_disable_stats.
-ENV_STATS_INTERVAL: Final = "WANDB_FUNNEL_STATS_INTERVAL"
+ENV_STATS_INTERVAL: Final = "_WANDB_FUNNEL_STATS_INTERVAL"
 ENV_BIND_ADDR: Final = "WANDB_FUNNEL_BIND_ADDR"  # the address a multi-node logger listens on
-ENV_CURVE: Final = "WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when the funnel uses TCP
+ENV_CURVE: Final = "_WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when the funnel uses TCP
 # Set by a process that took its rank from RANK; a child that inherits RANK but has another
 # pid (a DataLoader worker, a Pool) then gets a fresh rank instead of colliding with its parent.
-ENV_RANK_PID: Final = "WANDB_FUNNEL_RANK_PID"
+ENV_RANK_PID: Final = "_WANDB_FUNNEL_RANK_PID"
 ENV_SINK: Final = "WANDB_FUNNEL_SINK"  # "null": the logger writes nothing (benchmarks)
 SINK_RECORD_PREFIX: Final = "record:"  # WANDB_FUNNEL_SINK=record:DIR: testing.capture_run()
 # JSON: the open run's name, project, entity, dir, url, ... (what ``wandb.run.name`` answers).
-ENV_RUN_INFO: Final = "WANDB_FUNNEL_RUN_INFO"
+ENV_RUN_INFO: Final = "_WANDB_FUNNEL_RUN_INFO"
 # Set (to JSON funnel options) by ``install()`` and ``wandb-funnel run``: every Python process
 # started with it installs the funnel into ``wandb`` at startup (``_bootstrap/sitecustomize``).
-ENV_INSTALL: Final = "WANDB_FUNNEL_INSTALL"
+ENV_INSTALL: Final = "_WANDB_FUNNEL_INSTALL"
 
 EXPORTED_ENV: Final = (
     ENV_ADDRESS,

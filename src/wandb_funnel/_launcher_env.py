@@ -59,7 +59,7 @@ def detect(env: Mapping[str, str] | None = None) -> DistEnv | None:
     """The job this process belongs to, or None when no launcher set ranks.
 
     A process that merely inherited its parent's rank variables (a DataLoader worker, a Pool
-    child of a rank: ``WANDB_FUNNEL_RANK_PID`` names another pid) is not a rank of the job.
+    child of a rank: ``_WANDB_FUNNEL_RANK_PID`` names another pid) is not a rank of the job.
     """
     env = os.environ if env is None else env
     owner = env.get(ENV_RANK_PID)

@@ -53,7 +53,7 @@ def _job_store(env: DistEnv, timeout: float) -> Any:
     except ImportError as exc:
         raise FunnelError(
             "wandb_funnel: ranks find their logger through torch.distributed; install torch, "
-            "or start a Funnel yourself and pass WANDB_FUNNEL_ADDRESS to every rank"
+            "or start a Funnel yourself and pass _WANDB_FUNNEL_ADDRESS to every rank"
         ) from exc
     if dist.is_available() and dist.is_initialized():
         return dist.distributed_c10d._get_default_store()

@@ -1,6 +1,6 @@
 """``wandb-funnel run [options] -- COMMAND [ARG ...]``: zero code change.
 
-Exports the install (``WANDB_FUNNEL_INSTALL`` and ``_bootstrap/`` on ``PYTHONPATH``), then
+Exports the install (``_WANDB_FUNNEL_INSTALL`` and ``_bootstrap/`` on ``PYTHONPATH``), then
 *replaces itself* with COMMAND (``exec``), as ``opentelemetry-instrument`` and ``ddtrace-run``
 do. Every Python process COMMAND starts, at any depth (torchrun's ranks, accelerate's, their
 DataLoader workers), then has wandb installed into the moment it imports wandb; the first

@@ -90,7 +90,7 @@ def _cli(scripts: Scripts, argv: list[str], env: dict[str, str] | None = None) -
 def test_funnel_run_exits_with_the_commands_code_and_exports_the_options(
     scripts: Scripts,
 ) -> None:
-    code = "import os, sys; print(os.environ['WANDB_FUNNEL_INSTALL']); sys.exit(3)"
+    code = "import os, sys; print(os.environ['_WANDB_FUNNEL_INSTALL']); sys.exit(3)"
     proc = _cli(
         scripts,
         ["--reduce", "loss=max", "--reduce", "acc=min", "--", sys.executable, "-c", code],
@@ -111,7 +111,7 @@ def test_funnel_run_takes_the_command_without_dashes_and_the_tool_has_a_version(
 ) -> None:
     """``wandb-funnel run python train.py`` runs it (issue 23: it failed with the top-level
     usage); a ``--`` inside the command stays the command's; ``--version`` answers."""
-    code = "import os, sys; print(sys.argv[1:], os.environ['WANDB_FUNNEL_INSTALL'])"
+    code = "import os, sys; print(sys.argv[1:], os.environ['_WANDB_FUNNEL_INSTALL'])"
     proc = _cli(scripts, ["--reduce", "loss=max", sys.executable, "-c", code, "--x", "--", "-y"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == """['--x', '--', '-y'] {"reduce": {"loss": "max"}}"""

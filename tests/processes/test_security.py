@@ -107,7 +107,7 @@ def test_tcp_clients_without_the_jobs_keys_are_refused_and_counted(scripts: Scri
 @pytest.mark.timeout(240)
 def test_another_job_cannot_reach_this_funnel(scripts: Scripts, tmp_path: pathlib.Path) -> None:
     """Two jobs on one machine, each with its own funnel. Job B's normal worker lands in B
-    only. Job B's worker whose WANDB_FUNNEL_ADDRESS points at job A's socket (same user)
+    only. Job B's worker whose _WANDB_FUNNEL_ADDRESS points at job A's socket (same user)
     reaches A's socket but not A's run: its hello carries B's token and is refused (counted
     once), its frames are junk, and log() neither raises nor hangs (it warns). A process of
     another user with job A's whole environment, token included, cannot connect (EACCES) and

@@ -81,7 +81,7 @@ def private_funnel_is_like_wandb_init(args: argparse.Namespace) -> None:
     run.config.update({"extra": True})
     report(rank=run.rank, id=run.id)
     run.finish()
-    report(after_env=os.environ.get("WANDB_FUNNEL_ADDRESS"))
+    report(after_env=os.environ.get("_WANDB_FUNNEL_ADDRESS"))
 
 
 # -- a Pool of workers logging steadily until they are told (or forced) to stop -------------

@@ -81,7 +81,7 @@ def ipc(args: argparse.Namespace) -> None:
 
 def tcp_worker(address: str) -> None:
     # A rank on "another node": the funnel's TCP address and the job's keys (exported).
-    os.environ["WANDB_FUNNEL_ADDRESS"] = address
+    os.environ["_WANDB_FUNNEL_ADDRESS"] = address
     run = wf.init()
     for i in range(5):
         run.log({"tcp_worker": i}, step=i)
@@ -169,8 +169,8 @@ def b_worker() -> None:
 
 def misdirected() -> None:
     # A worker of job B whose environment points at job A's socket (a stale or copied
-    # WANDB_FUNNEL_ADDRESS): same user, so it connects, but it holds job B's token.
-    os.environ["WANDB_FUNNEL_ADDRESS"] = os.environ["JOB_A_ADDRESS"]
+    # _WANDB_FUNNEL_ADDRESS): same user, so it connects, but it holds job B's token.
+    os.environ["_WANDB_FUNNEL_ADDRESS"] = os.environ["JOB_A_ADDRESS"]
     for i in range(5):
         wf.log({"from_b": i}, step=i)
     wf.finish()
@@ -189,9 +189,9 @@ def job_b(args: argparse.Namespace) -> None:
         if os.geteuid() == 0:
             # Job B's process of another user, with job A's whole environment (its token too).
             helper = run_helper(args.nobody,
-                                {"WANDB_FUNNEL_ADDRESS": os.environ["JOB_A_ADDRESS"],
-                                 "WANDB_FUNNEL_TOKEN": os.environ["JOB_A_TOKEN"],
-                                 "WANDB_FUNNEL_LOGGER_PID": os.environ["JOB_A_PID"]}, "--api")
+                                {"_WANDB_FUNNEL_ADDRESS": os.environ["JOB_A_ADDRESS"],
+                                 "_WANDB_FUNNEL_TOKEN": os.environ["JOB_A_TOKEN"],
+                                 "_WANDB_FUNNEL_LOGGER_PID": os.environ["JOB_A_PID"]}, "--api")
         for p in procs:
             p.join(90)
         report(address=funnel.address, codes=[p.exitcode for p in procs], helper=helper)

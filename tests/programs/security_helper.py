@@ -42,7 +42,7 @@ def main() -> None:
     out: dict[str, Any] = {
         "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "egid": os.getegid()
     }
-    address = os.environ["WANDB_FUNNEL_ADDRESS"]
+    address = os.environ["_WANDB_FUNNEL_ADDRESS"]
     path = address[len("ipc://"):]
 
     def attempt(name: str, fn: Callable[[], object]) -> None:
@@ -71,7 +71,7 @@ def main() -> None:
     d = ctx.socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
     d.connect(address)
-    token = os.environ["WANDB_FUNNEL_TOKEN"]
+    token = os.environ["_WANDB_FUNNEL_TOKEN"]
     for frame in (codec.encode_hello(Hello(token, os.getpid(), socket.gethostname(), None, None)),
                   codec.encode_batch(0, [codec.encode_record(0, True, {"intruder": 1}, 1 << 20)])):
         try:  # never blocking: a DEALER with no pipe to queue on would wait forever

@@ -201,7 +201,7 @@ def test_a_fault_lands_after_ready_or_after_the_start() -> None:
 
 def test_the_clean_environment() -> None:
     base = {"PATH": "/bin", "WANDB_API_KEY": "k", "WANDB_MODE": "online",
-            "WANDB_FUNNEL_ADDRESS": "ipc://x", "TORCHELASTIC_RUN_ID": "r", "HOME": "/h"}
+            "_WANDB_FUNNEL_ADDRESS": "ipc://x", "TORCHELASTIC_RUN_ID": "r", "HOME": "/h"}
     env = jobenv.clean_environment("/w", "/t", mark="m", base=base, extra={"A": "1"})
     assert env == {"PATH": "/bin", "HOME": "/h", "WANDB_DIR": "/w", "WANDB_MODE": "offline",
                    "WANDB_SILENT": "true", "TMPDIR": "/t", "PYTHONUNBUFFERED": "1",

@@ -1,7 +1,7 @@
 """Installs wandb-funnel into every Python process started from an installed one.
 
 ``wandb_funnel.install()`` and ``wandb-funnel run`` put this directory first on
-``PYTHONPATH`` and export ``WANDB_FUNNEL_INSTALL``; Python imports ``sitecustomize`` at
+``PYTHONPATH`` and export ``_WANDB_FUNNEL_INSTALL``; Python imports ``sitecustomize`` at
 startup. Nothing of wandb_funnel is imported here until the process imports ``wandb``
 itself: a process that never logs (torchrun's agent, a DataLoader worker, a compiler) pays
 an environment lookup and a finder on ``sys.meta_path`` (``importlib.machinery`` is loaded
@@ -92,7 +92,7 @@ def _run_other(directory: str) -> None:
     spec.loader.exec_module(module)
 
 
-if os.environ.get("WANDB_FUNNEL_INSTALL"):
+if os.environ.get("_WANDB_FUNNEL_INSTALL"):
     try:
         _install_on_import()
     except Exception as exc:  # a startup hook must never stop Python from starting

@@ -7,7 +7,7 @@ and ``wandb.run``, ``wandb.config``, ``wandb.summary``, ``wandb.log``, ``wandb.d
 (``wandb.sdk.lib.module.set_global``). Everything else of wandb (``wandb.Settings``,
 ``wandb.Api``, the data types, ``wandb.sdk.*``, ``termlog``) is untouched.
 
-It holds in every process started from this one: ``install()`` exports ``WANDB_FUNNEL_INSTALL``
+It holds in every process started from this one: ``install()`` exports ``_WANDB_FUNNEL_INSTALL``
 (the options, as JSON) and puts ``_bootstrap/`` on ``PYTHONPATH``, whose ``sitecustomize``
 installs again, lazily, when such a process imports wandb (``_bootstrap/sitecustomize.py``).
 The logger process is started without the variable: it calls the real wandb.
@@ -69,7 +69,7 @@ class _Installed:
 
 def options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The funnel options for an installed process: ``WANDB_FUNNEL_<NAME>`` variables, under
-    what ``install()`` or ``wandb-funnel run`` exported (``WANDB_FUNNEL_INSTALL``, JSON)."""
+    what ``install()`` or ``wandb-funnel run`` exported (``_WANDB_FUNNEL_INSTALL``, JSON)."""
     environ = os.environ if environ is None else environ
     base = FunnelOptions.from_env(environ)
     raw = environ.get(ENV_INSTALL, "")

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 MARK_VAR = "WANDB_FUNNEL_SOAK_MARK"
 # Inherited variables that would steer the job elsewhere: a parent's wandb settings or run,
 # a parent funnel's WANDB_FUNNEL_* (the logger to attach to), a launcher's TORCHELASTIC_*.
-DROP_PREFIXES = ("WANDB_", "TORCHELASTIC")
+DROP_PREFIXES = ("WANDB_", "_WANDB_", "TORCHELASTIC")
 
 
 def clean_environment(
