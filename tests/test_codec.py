@@ -20,13 +20,12 @@ from wandb_funnel._protocol.messages import (
     TENSORBOARD,
     Ack,
     Close,
-    ConfigUpdate,
     Done,
     Goodbye,
     Hello,
     RecordBatch,
-    SummaryUpdate,
-    TensorboardUpdate,
+    Update,
+    UpdateKind,
     Welcome,
 )
 
@@ -66,12 +65,16 @@ def test_control_messages_round_trip() -> None:
     assert same(codec.decode(codec.encode_ack(Ack(2)), MAX), Ack(2))
     assert same(codec.decode(codec.encode_done(Done({"x": 1})), MAX), Done({"x": 1}))
     update = codec.encode_update(CONFIG, {"lr": 0.1}, MAX)
-    assert same(codec.decode(update, MAX), ConfigUpdate({"lr": 0.1}))
+    assert same(codec.decode(update, MAX), Update(UpdateKind.CONFIG, {"lr": 0.1}))
     summary = codec.encode_update(SUMMARY, {"best": 1}, MAX)
-    assert same(codec.decode(summary, MAX), SummaryUpdate({"best": 1}))
+    assert same(codec.decode(summary, MAX), Update(UpdateKind.SUMMARY, {"best": 1}))
     tb = {"log_dir": "runs/a", "save": True, "root_dir": "", "cwd": "/w"}
     assert same(codec.decode(codec.encode_update(TENSORBOARD, tb, MAX), MAX),
-                TensorboardUpdate(tb))
+                Update(UpdateKind.TENSORBOARD, tb))
+    # Every kind round-trips, and the decoded kind is the enum, not a bare int.
+    for kind in UpdateKind:
+        decoded = codec.decode(codec.encode_update(kind, {"k": 1}, MAX), MAX)
+        assert decoded == Update(kind, {"k": 1}) and type(decoded.kind) is UpdateKind
 
 
 def test_numpy_scalars_and_special_floats_pass() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from wandb_funnel._logger.ordering import Reorderer
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.run_writer import RunWriter
+from wandb_funnel._protocol.messages import UpdateKind
 
 
 class RecordingSink:
@@ -127,17 +128,17 @@ def test_a_ranks_tensorboard_directory_reaches_the_sink_as_wandb_core_will_find_
 
     writer, sink = _writer_for(0)
     here = os.getcwd()
-    writer.update("tensorboard", {"log_dir": "runs/a", "save": True, "root_dir": "",
+    writer.update(UpdateKind.TENSORBOARD, {"log_dir": "runs/a", "save": True, "root_dir": "",
                                   "cwd": here}, rank=0)
-    writer.update("tensorboard", {"log_dir": "runs/b", "save": False, "root_dir": "runs",
+    writer.update(UpdateKind.TENSORBOARD, {"log_dir": "runs/b", "save": False, "root_dir": "runs",
                                   "cwd": str(tmp_path)}, rank=1)
-    writer.update("tensorboard", {"log_dir": "/abs/c", "save": True, "root_dir": "",
+    writer.update(UpdateKind.TENSORBOARD, {"log_dir": "/abs/c", "save": True, "root_dir": "",
                                   "cwd": str(tmp_path)}, rank=1)
     for bad in ({"log_dir": 3, "save": True, "root_dir": "", "cwd": here},
                 {"log_dir": "x", "save": "yes", "root_dir": "", "cwd": here},
                 {"log_dir": "", "save": True, "root_dir": "", "cwd": here},
                 {"log_dir": "x", "save": True}):
-        writer.update("tensorboard", bad, rank=1)
+        writer.update(UpdateKind.TENSORBOARD, bad, rank=1)
     assert sink.tensorboard_dirs == [
         ("runs/a", True, ""),
         (str(tmp_path / "runs/b"), False, str(tmp_path / "runs")),

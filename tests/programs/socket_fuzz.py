@@ -41,15 +41,12 @@ from wandb_funnel._protocol.messages import (
     Ack,
     Blob,
     Close,
-    ConfigUpdate,
     Done,
-    FilesUpdate,
     Goodbye,
     Hello,
     Message,
-    MetricUpdate,
     RecordBatch,
-    SummaryUpdate,
+    Update,
     Welcome,
 )
 
@@ -449,7 +446,7 @@ class Model:
             self.gaps += max(0, m.produced - self.next_seq)
             if not self.ended:
                 self.ended, self.exit_code = True, m.exit_code
-        elif isinstance(m, (ConfigUpdate, SummaryUpdate, MetricUpdate, FilesUpdate)):
+        elif isinstance(m, Update):  # every kind: the receiver hands each to the writer
             self.updates += 1
         elif isinstance(m, Blob):
             if not self.blobs.write(m):

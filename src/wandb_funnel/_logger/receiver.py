@@ -27,27 +27,15 @@ from wandb_funnel._protocol.messages import (
     Ack,
     Blob,
     Close,
-    ConfigUpdate,
-    ConsoleUpdate,
-    FilesUpdate,
     Goodbye,
     Hello,
-    MetricUpdate,
     Record,
     RecordBatch,
-    StatsUpdate,
-    SummaryUpdate,
-    TensorboardUpdate,
+    UpdateKind,
     Welcome,
 )
+from wandb_funnel._protocol.messages import Update as UpdateMessage
 from wandb_funnel._protocol.sockets import LoggerSocket
-
-# A rank's updates, handed to the writer as they come: the message type -> Update.kind.
-_UPDATE_KINDS: dict[type, str] = {
-    ConfigUpdate: "config", SummaryUpdate: "summary", MetricUpdate: "metric",
-    FilesUpdate: "files", ConsoleUpdate: "console", StatsUpdate: "stats",
-    TensorboardUpdate: "tensorboard",
-}
 
 _TICK = 0.05  # seconds between checks when the socket is quiet
 # A receiver that has not seen its socket empty for this long is behind on its input. (Idle,
@@ -87,7 +75,7 @@ class Records:
 @dataclass(frozen=True, slots=True)
 class Update:
     rank: int
-    kind: str  # config, summary, metric (define_metric), files, console, stats or tensorboard
+    kind: UpdateKind
     data: dict[str, Any]
 
 
@@ -278,8 +266,8 @@ class Receiver(threading.Thread):
             self._end(peer, gone=False, exit_code=message.exit_code)
             # The receipt lets the worker know (and say) whether anything went missing.
             self._sock.reply(identity, codec.encode_ack(Ack(peer.received)))
-        elif type(message) in _UPDATE_KINDS:
-            self.events.put(Update(peer.rank, _UPDATE_KINDS[type(message)], message.data))
+        elif isinstance(message, UpdateMessage):  # handed to the writer as it comes
+            self.events.put(Update(peer.rank, message.kind, message.data))
         elif isinstance(message, Blob):
             if not self.blobs.write(message):
                 self.junk_frames += 1

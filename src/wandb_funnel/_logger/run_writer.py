@@ -18,6 +18,7 @@ from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.sinks import Sink
+from wandb_funnel._protocol.messages import UpdateKind
 
 _FINISH_SLICE = 1_000  # rows released at a time while finishing
 _LABEL = re.compile(r"[\w.@-]{1,128}")  # a rank's stats label: rank1-host
@@ -147,31 +148,26 @@ class RunWriter:
         log_to_stderr(f"{self.name}: out of time to write rows; counting the rest as dropped")
 
     def update(
-        self, kind: str, data: dict[str, Any], rank: int = 0, late: bool = False
+        self, kind: UpdateKind, data: dict[str, Any], rank: int = 0, late: bool = False
     ) -> None:
         """A rank's update. ``late``: past the close's write deadline, console text and
         system metrics are counted or skipped, never written (the exit keeps its budget)."""
-        if kind == "files":  # staged files: the writer's media takes them, and cleans up
+        if kind is UpdateKind.FILES:  # staged files: the writer's media takes them, cleans up
             self.media.log_files(data, self.sink)
-            return
-        if kind == "console":
+        elif kind is UpdateKind.CONSOLE:
             self.console.take(rank, data, self.sink if self._broken is None else None, late)
-            return
-        if kind == "stats":
+        elif kind is UpdateKind.STATS:
             if not late:
                 self._stats(data, rank)
-            return
-        if kind == "tensorboard":
+        elif kind is UpdateKind.TENSORBOARD:
             self._tensorboard(data)
-            return
-        if self.sink is None:
-            return
-        fn: Callable[[dict[str, Any]], None] = {
-            "config": self.sink.update_config,
-            "summary": self.sink.update_summary,
-            "metric": self.sink.define_metric,
-        }[kind]
-        self._call(f"{kind} update {list(data)!r}", fn, data)
+        elif self.sink is not None:
+            fn: Callable[[dict[str, Any]], None] = {
+                UpdateKind.CONFIG: self.sink.update_config,
+                UpdateKind.SUMMARY: self.sink.update_summary,
+                UpdateKind.METRIC: self.sink.define_metric,
+            }[kind]
+            self._call(f"{kind.label} update {list(data)!r}", fn, data)
 
     def finish(
         self,

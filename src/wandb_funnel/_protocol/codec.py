@@ -20,36 +20,24 @@ from wandb_funnel._protocol.messages import (
     ACK,
     BLOB,
     CLOSE,
-    CONFIG,
-    CONSOLE,
     DONE,
-    FILES,
     GOODBYE,
     HELLO,
     MEDIA_EXT,
-    METRIC,
     PROTOCOL_VERSION,
     RECORDS,
-    STATS,
-    SUMMARY,
-    TENSORBOARD,
     WELCOME,
     Ack,
     Blob,
     Close,
-    ConfigUpdate,
-    ConsoleUpdate,
     Done,
-    FilesUpdate,
     Goodbye,
     Hello,
     MediaRef,
     Message,
-    MetricUpdate,
     RecordBatch,
-    StatsUpdate,
-    SummaryUpdate,
-    TensorboardUpdate,
+    Update,
+    UpdateKind,
     Welcome,
 )
 
@@ -61,10 +49,7 @@ MAX_BATCH_RECORDS: Final = 1 << 20
 # Python recursion, and the receiver thread starts deeper in the stack than a caller; 256 is
 # far deeper than any metrics dict and far below both limits (docs/DESIGN.md, "Wire").
 MAX_NESTING: Final = 256
-_UPDATE_NAMES: Final = {
-    CONFIG: "config", SUMMARY: "summary", METRIC: "define_metric", FILES: "files",
-    CONSOLE: "console", STATS: "stats", TENSORBOARD: "tensorboard",
-}
+_UPDATE_KINDS: Final = frozenset(UpdateKind)
 
 
 class DecodeError(ValueError):
@@ -293,9 +278,9 @@ def encode_hello(hello: Hello) -> bytes:
     )
 
 
-def encode_update(kind: int, data: dict[str, Any], max_record_bytes: int) -> bytes:
-    """Pack a config, summary or define_metric update (kind CONFIG, SUMMARY or METRIC)."""
-    what = _UPDATE_NAMES[kind]
+def encode_update(kind: UpdateKind, data: dict[str, Any], max_record_bytes: int) -> bytes:
+    """Pack a rank's update of the run (``UpdateKind``: config, summary, define_metric, ...)."""
+    what = UpdateKind(kind).label
     packed = _pack_checked((PROTOCOL_VERSION, kind, data), data, what)
     if len(packed) > max_record_bytes:
         raise ValueError(
@@ -450,20 +435,10 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             _want(rank is None or (_is_int(rank) and 0 <= rank <= MAX_STEP), "bad hello rank")
             _want(pid_start is None or _is_int(pid_start), "bad hello start time")
             return Hello(token, pid, host, rank, pid_start)
-        if kind in _UPDATE_NAMES:
+        if kind in _UPDATE_KINDS:
             _want(len(body) == 1 and type(body[0]) is dict, "update is not a map")
             _want(all(type(k) is str for k in body[0]), "update has a non-str key")
-            if kind == CONFIG:
-                return ConfigUpdate(body[0])
-            if kind == FILES:
-                return FilesUpdate(body[0])
-            if kind == CONSOLE:
-                return ConsoleUpdate(body[0])
-            if kind == STATS:
-                return StatsUpdate(body[0])
-            if kind == TENSORBOARD:
-                return TensorboardUpdate(body[0])
-            return SummaryUpdate(body[0]) if kind == SUMMARY else MetricUpdate(body[0])
+            return Update(UpdateKind(kind), body[0])
         if kind == BLOB:
             _want(len(body) == 4, "blob needs 4 fields")
             name, offset, total, data = body

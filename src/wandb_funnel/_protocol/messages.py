@@ -7,6 +7,7 @@ NamedTuples, not dataclasses: every worker imports this module, and ``dataclasse
 from __future__ import annotations
 
 import json
+from enum import IntEnum
 from typing import Any, Final, NamedTuple
 
 from wandb_funnel._options import FunnelOptions, Topology
@@ -16,16 +17,9 @@ PROTOCOL_VERSION: Final = 1
 # Message kinds. Client -> logger first, then logger -> client.
 HELLO: Final = 1
 RECORDS: Final = 2
-CONFIG: Final = 3
-SUMMARY: Final = 4
 GOODBYE: Final = 5
 CLOSE: Final = 6
-METRIC: Final = 7
-FILES: Final = 8  # log_artifact / save: files staged by name, see _worker/files.py
 BLOB: Final = 9  # a chunk of a media file, from a rank on another node (no shared disk)
-CONSOLE: Final = 10  # a process's stdout/stderr writes, see _worker/console.py
-STATS: Final = 11  # a process's system metrics, see _worker/system.py
-TENSORBOARD: Final = 12  # a tensorboard log directory a rank writes, see Run._tensorboard_callback
 WELCOME: Final = 16
 DONE: Final = 17
 ACK: Final = 18
@@ -100,50 +94,41 @@ class RecordBatch(NamedTuple):
     records: list[Record]
 
 
-class ConfigUpdate(NamedTuple):
-    """``run.config.update(data)`` from some rank."""
+class UpdateKind(IntEnum):
+    """What a rank's update asks of the run: one vocabulary for the wire (the value is the
+    message kind), the decoder and the logger's writer (``label`` names it in messages)."""
 
-    data: dict[str, Any]
+    CONFIG = 3  # run.config.update(data)
+    SUMMARY = 4  # run.summary[key] = value
+    METRIC = 7  # run.define_metric(**data): name, step_metric, ...
+    # run.log_artifact / run.save: {"op": "artifact" | "save", ...} naming staged files
+    FILES = 8
+    # stdout and stderr as written: {"lines": [[fd, unix time, text], ...], "dropped": n}
+    CONSOLE = 10
+    STATS = 11  # system metrics: {"host": "node1", "stats": {key: number}}
+    # a tensorboard log directory (sync_tensorboard): {"log_dir", "save", "root_dir", "cwd"},
+    # as wandb's Run._tensorboard_callback gets them, plus the rank's working directory
+    TENSORBOARD = 12
 
-
-class SummaryUpdate(NamedTuple):
-    """``run.summary[key] = value`` from some rank."""
-
-    data: dict[str, Any]
-
-
-class MetricUpdate(NamedTuple):
-    """``run.define_metric(**data)`` from some rank (``name``, ``step_metric``, ...)."""
-
-    data: dict[str, Any]
-
-
-class FilesUpdate(NamedTuple):
-    """``run.log_artifact`` or ``run.save`` from some rank: ``{"op": "artifact" | "save", ...}``
-    naming files in the staging directory."""
-
-    data: dict[str, Any]
+    @property
+    def label(self) -> str:
+        return "define_metric" if self is UpdateKind.METRIC else self.name.lower()
 
 
-class ConsoleUpdate(NamedTuple):
-    """What a process wrote to stdout and stderr: ``{"lines": [[fd, unix time, text], ...],
-    "dropped": lines left out by its bound}`` (the text as written: not split into lines)."""
-
-    data: dict[str, Any]
-
-
-class StatsUpdate(NamedTuple):
-    """A process's system metrics: ``{"label": "rank1-host", "stats": {key: number}}``."""
-
-    data: dict[str, Any]
+# The update kinds by their wire names (the worker's modules send them by these).
+CONFIG: Final = UpdateKind.CONFIG
+SUMMARY: Final = UpdateKind.SUMMARY
+METRIC: Final = UpdateKind.METRIC
+FILES: Final = UpdateKind.FILES  # see _worker/files.py
+CONSOLE: Final = UpdateKind.CONSOLE  # see _worker/console.py
+STATS: Final = UpdateKind.STATS  # see _worker/system.py
+TENSORBOARD: Final = UpdateKind.TENSORBOARD  # see Run._tensorboard_callback
 
 
-class TensorboardUpdate(NamedTuple):
-    """A rank's tensorboard writer opened a log directory (wandb's ``sync_tensorboard``):
-    ``{"log_dir": str, "save": bool, "root_dir": str, "cwd": str}``, as wandb's
-    ``Run._tensorboard_callback`` gets them, plus the rank's working directory (a relative
-    ``log_dir`` is the rank's)."""
+class Update(NamedTuple):
+    """A rank's update of the run: ``kind`` says what, ``data`` is always a str-keyed map."""
 
+    kind: UpdateKind
     data: dict[str, Any]
 
 
@@ -199,13 +184,7 @@ class Done(NamedTuple):
 Message = (
     Hello
     | RecordBatch
-    | ConfigUpdate
-    | SummaryUpdate
-    | MetricUpdate
-    | FilesUpdate
-    | ConsoleUpdate
-    | StatsUpdate
-    | TensorboardUpdate
+    | Update
     | Blob
     | Goodbye
     | Close

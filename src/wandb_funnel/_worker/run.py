@@ -31,7 +31,7 @@ from wandb_funnel._constants import (
     WELCOME_TIMEOUT,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY, TENSORBOARD
+from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY, TENSORBOARD, UpdateKind
 from wandb_funnel._worker import console, files, media, system
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
 from wandb_funnel._worker.run_data import Config, Summary
@@ -468,7 +468,7 @@ class Run:
     def _send_summary(self, data: dict[str, Any]) -> None:
         self._send_update(SUMMARY, data)
 
-    def _send_update(self, kind: int, data: dict[str, Any]) -> bool:
+    def _send_update(self, kind: UpdateKind, data: dict[str, Any]) -> bool:
         if self._finished:
             raise self._finished_error(_UPDATE_CALLS.get(kind, "update"))
         frame = codec.encode_update(kind, data, self._info.max_record_bytes)
