@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ def test_all_names_exist() -> None:
 def test_public_names_are_all_exported() -> None:
     public = {n for n in dir(wandb_funnel) if not n.startswith("_")}
     # Submodules show up as attributes once imported; they are not API.
-    modules = {"errors", "sinks", "soak", "cli", "integrations"}
+    modules = {"errors", "sinks", "soak", "cli", "integrations", "testing"}
     assert public - modules - {"annotations"} == set(wandb_funnel.__all__) - {"__version__"}
 
 
@@ -34,3 +35,23 @@ def test_worker_import_skips_the_owner_and_logger_modules() -> None:
     code = f"import sys, wandb_funnel; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_logger_process_loads_no_worker_or_owner_module() -> None:
+    """The logger starts from LOGGER_BOOTSTRAP (the package registered, its __init__ not
+    run): none of the worker stack (exit and fork hooks, signal watching) nor the API is
+    loaded in it (issue 24: ``-m wandb_funnel._logger`` ran the package's __init__)."""
+    from wandb_funnel._owner.logger_process import LOGGER_BOOTSTRAP
+
+    bootstrap = LOGGER_BOOTSTRAP.replace("import wandb_funnel._logger.__main__\n", "")
+    assert bootstrap != LOGGER_BOOTSTRAP
+    code = bootstrap + (
+        "import wandb_funnel._logger.process\n"
+        "import json\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('wandb_funnel.')"
+        " and not m.startswith(('wandb_funnel._logger', 'wandb_funnel._protocol')))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout)
+    assert set(loaded) <= {"wandb_funnel._constants", "wandb_funnel._options",
+                           "wandb_funnel._pid", "wandb_funnel.errors"}, loaded

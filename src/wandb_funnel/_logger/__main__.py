@@ -1,5 +1,7 @@
-"""``python -m wandb_funnel._logger``: the logger process, started by the owner
-(``_owner.logger_process``). Its exit code is the code the run was finished with."""
+"""The logger process, started by the owner (``_owner.logger_process.LOGGER_BOOTSTRAP``
+imports this module without running the package's ``__init__``; ``python -m
+wandb_funnel._logger`` works too, loading the public API for nothing). Its exit code is the
+code the run was finished with."""
 
 import os
 import sys

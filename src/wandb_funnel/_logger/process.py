@@ -1,6 +1,6 @@
 """The logger process: events -> order -> sink, and always finish the run.
 
-Started by the owner (``python -m wandb_funnel._logger``, in a session of its own so that a
+Started by the owner (``_owner.logger_process.LOGGER_BOOTSTRAP``, in a session of its own so that a
 terminal's Ctrl-C or a launcher's killpg reaches the owner, which then closes us in order).
 A receiver thread (``_receiver``) owns the socket; this main thread merges, orders and writes
 rows to wandb, which may be slow. It ends when the owner sends CLOSE, when it is signalled
@@ -405,8 +405,8 @@ def _write_ready(fd: int, payload: dict[str, Any]) -> None:
 
 
 def main() -> int:
-    """Entry point of ``python -m wandb_funnel._logger``: the start message arrives on stdin.
-    Returns the exit code the run was finished with (1 when it could not be opened)."""
+    """Entry point of the logger process (``wandb_funnel._logger.__main__``): the start
+    message arrives on stdin. Returns the exit code the run was finished with (1 when it could not be opened)."""
     start = LoggerStart.from_json(sys.stdin.buffer.read())
     ready_fd = start.ready_fd
     # Until serve() installs its handlers, a stray Ctrl-C must not kill a half-made run.

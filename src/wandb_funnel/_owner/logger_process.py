@@ -1,7 +1,7 @@
 """Starting and stopping the logger process, from the owner.
 
-Start: ``python -m wandb_funnel._logger`` in a session of its own (Ctrl-C and a launcher's
-``killpg`` reach the owner, which then closes the logger in order), the start message on its
+Start: the logger's modules (``LOGGER_BOOTSTRAP``: ``wandb_funnel._logger.__main__``) in a
+session of its own (Ctrl-C and a launcher's ``killpg`` reach the owner, which then closes the logger in order), the start message on its
 stdin, and a pipe the logger writes one JSON line to once the run is open (or why it is not).
 
 Stop: CLOSE on a socket of its own, a budget for the logger, then SIGTERM and SIGKILL. Every
@@ -30,6 +30,17 @@ _KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a logger that faile
 # deadline, then terminates and kills within that margin: everything ends by the deadline.
 _LOGGER_SHARE = 0.8
 _KILL_MARGIN = 0.5
+
+# ``python -m wandb_funnel._logger`` would run the package's ``__init__`` first: the public
+# API, and with it the worker stack (exit hooks, fork hooks, signal watching) that a logger
+# never uses. The package is registered from its spec instead, unexecuted, so the logger
+# loads only its own modules and what they import (tests/test_exports.py holds this).
+LOGGER_BOOTSTRAP = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.find_spec('wandb_funnel')\n"
+    "sys.modules['wandb_funnel'] = importlib.util.module_from_spec(spec)\n"
+    "import wandb_funnel._logger.__main__\n"
+)
 
 
 class LoggerProcess:
@@ -62,7 +73,7 @@ class LoggerProcess:
         """
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "wandb_funnel._logger"],
+                [sys.executable, "-c", LOGGER_BOOTSTRAP],
                 stdin=subprocess.PIPE,
                 pass_fds=(start.ready_fd,),
                 start_new_session=True,
