@@ -406,7 +406,8 @@ def _write_ready(fd: int, payload: dict[str, Any]) -> None:
 
 def main() -> int:
     """Entry point of the logger process (``wandb_funnel._logger.__main__``): the start
-    message arrives on stdin. Returns the exit code the run was finished with (1 when it could not be opened)."""
+    message arrives on stdin. Returns the exit code the run was finished with (1 when it
+    could not be opened)."""
     start = LoggerStart.from_json(sys.stdin.buffer.read())
     ready_fd = start.ready_fd
     # Until serve() installs its handlers, a stray Ctrl-C must not kill a half-made run.
