@@ -2,7 +2,8 @@
 
 Start: the logger's modules (``LOGGER_BOOTSTRAP``: ``wandb_funnel._logger.__main__``) in a
 session of its own (Ctrl-C and a launcher's ``killpg`` reach the owner, which then closes
-the logger in order), the start message on its stdin, and a pipe the logger writes one JSON line to once the run is open (or why it is not).
+the logger in order), the start message on its stdin, and a pipe the logger writes one JSON
+line to once the run is open (or why it is not).
 
 Stop: CLOSE on a socket of its own, a budget for the logger, then SIGTERM and SIGKILL. Every
 wait is bounded: this module's promise is that ``close`` returns by its deadline.
