@@ -28,13 +28,17 @@ def scratch_env(directory: pathlib.Path, **extra: str) -> dict[str, str]:
     from wandb_funnel.soak.jobenv import clean_environment
 
     return clean_environment(
-        directory, directory, drop=("WANDB_",), unbuffered=False,
+        directory,
+        directory,
+        drop=("WANDB_",),
+        unbuffered=False,
         extra={"PYTHONPATH": str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra},
     )
 
 
-def run_child(script: str, args: list[str], directory: pathlib.Path, timeout: float = 600,
-              **extra_env: str) -> dict[str, Any]:
+def run_child(
+    script: str, args: list[str], directory: pathlib.Path, timeout: float = 600, **extra_env: str
+) -> dict[str, Any]:
     """Run ``benchmarks/<script>`` in a fresh interpreter; returns the dict it reported."""
     directory.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
@@ -48,7 +52,7 @@ def run_child(script: str, args: list[str], directory: pathlib.Path, timeout: fl
     )
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])  # type: ignore[no-any-return]
+            return json.loads(line[len(RESULT_PREFIX) :])  # type: ignore[no-any-return]
     raise RuntimeError(
         f"{script} {' '.join(args)} reported nothing (exit {proc.returncode})\n"
         f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -60,8 +64,13 @@ def report(**figures: Any) -> None:
     print(RESULT_PREFIX + json.dumps(figures), flush=True)
 
 
-def cpu_per_call(call: Callable[[int], None], calls: int, block: int,
-                 warmup: int = 2000, drain: Callable[[], None] | None = None) -> dict[str, float]:
+def cpu_per_call(
+    call: Callable[[int], None],
+    calls: int,
+    block: int,
+    warmup: int = 2000,
+    drain: Callable[[], None] | None = None,
+) -> dict[str, float]:
     """Process CPU (every thread: a feeder or flusher thread counts) per call, sampled in
     blocks of ``block`` calls; median and p99 over blocks, in microseconds. Wall time per
     call is reported beside it. ``drain`` finishes work the calls left to a background thread
@@ -98,6 +107,7 @@ def cpu_per_call(call: Callable[[int], None], calls: int, block: int,
 
 def _loop_cost(block: int, blocks: int = 200) -> float:
     """The per-call cost of the measuring loop with a call that does nothing (median)."""
+
     def nothing(i: int) -> None:
         pass
 

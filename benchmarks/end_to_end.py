@@ -94,8 +94,12 @@ def measure(mode: str, ranks: int, steps: int) -> dict[str, Any]:
     """Run the job as its own process tree and time it from outside."""
     mark = f"{os.getpid()}-{time.time()}"
     env = dict(os.environ, **{MARK: mark})
-    proc = subprocess.Popen([sys.executable, __file__, "--job", mode, "--ranks", str(ranks),
-                             "--steps", str(steps)], env=env, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--job", mode, "--ranks", str(ranks), "--steps", str(steps)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     out, _ = proc.communicate(timeout=600)
     lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.splitlines() if " " in ln}
     gone = _all_gone(mark)
@@ -144,8 +148,12 @@ def main() -> None:
     elif args.job == "per-rank":
         _per_rank_job(args.ranks, args.steps)
     else:
-        report(mode=args.mode, ranks=args.ranks, steps=args.steps,
-               **measure(args.mode, args.ranks, args.steps))
+        report(
+            mode=args.mode,
+            ranks=args.ranks,
+            steps=args.steps,
+            **measure(args.mode, args.ranks, args.steps),
+        )
 
 
 if __name__ == "__main__":

@@ -114,8 +114,10 @@ def _queue_producer(rank: int, records: int, queue: Any, start: Any) -> None:
 def mp_queue(producers: int, records: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     queue, start = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_queue_producer, args=(r, records, queue, start))
-             for r in range(producers)]
+    procs = [
+        ctx.Process(target=_queue_producer, args=(r, records, queue, start))
+        for r in range(producers)
+    ]
     for proc in procs:
         proc.start()
     time.sleep(1.0)  # let them start: the funnel's producers are also attached before t0
@@ -135,8 +137,12 @@ def mp_queue(producers: int, records: int) -> dict[str, Any]:
     elapsed = time.perf_counter() - t0
     for proc in procs:
         proc.join()
-    return {"records_per_s": taken / elapsed, "records": taken, "rows": len(rows),
-            "seconds": elapsed}
+    return {
+        "records_per_s": taken / elapsed,
+        "records": taken,
+        "rows": len(rows),
+        "seconds": elapsed,
+    }
 
 
 def main() -> None:
@@ -152,8 +158,12 @@ def main() -> None:
         figures = mp_queue(args.producers, args.records)
     else:
         raise SystemExit(f"unknown mode {args.mode!r}")
-    report(mode=args.mode, producers=args.producers,
-           ranks=args.producers * args.ranks_per_producer, **figures)
+    report(
+        mode=args.mode,
+        producers=args.producers,
+        ranks=args.producers * args.ranks_per_producer,
+        **figures,
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ def _funnel_worker(fields: int, calls: int, out: Any) -> None:
 
     recs = _records(fields)
     run = wf.init()
-    figures = cpu_per_call(lambda i: run.log(recs[i % RING], step=i), calls, block=256,
-                           drain=run.flush)
+    figures = cpu_per_call(
+        lambda i: run.log(recs[i % RING], step=i), calls, block=256, drain=run.flush
+    )
     run.finish()
     out.put(figures)
 
@@ -59,8 +60,7 @@ def plain_wandb(fields: int, calls: int) -> dict[str, Any]:
 
     recs = _records(fields)
     run = wandb.init(project="bench", settings=wandb.Settings(console="off"))
-    figures = cpu_per_call(lambda i: run.log(recs[i % RING], step=i), calls, block=32,
-                           warmup=200)
+    figures = cpu_per_call(lambda i: run.log(recs[i % RING], step=i), calls, block=32, warmup=200)
     run.finish()
     return figures
 
@@ -83,13 +83,15 @@ def mp_queue(fields: int, calls: int) -> dict[str, Any]:
     consumer = ctx.Process(target=_drain, args=(queue,))
     consumer.start()
     recs = _records(fields)
+
     def drain() -> None:
         queue.put(None)
         queue.close()
         queue.join_thread()  # the feeder thread has pickled and written everything
 
-    figures = cpu_per_call(lambda i: queue.put((1, i, recs[i % RING])), calls, block=256,
-                           drain=drain)
+    figures = cpu_per_call(
+        lambda i: queue.put((1, i, recs[i % RING])), calls, block=256, drain=drain
+    )
     consumer.join()
     return figures
 
@@ -98,8 +100,9 @@ def _allgather_rank(rank: int, world: int, port: int, fields: int, calls: int, o
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     recs = _records(fields)
     keys = list(recs[0])
     gathered = [torch.zeros(len(keys)) for _ in range(world)]
@@ -132,8 +135,10 @@ def allgather(fields: int, calls: int, ranks: int) -> dict[str, Any]:
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_allgather_rank, args=(r, ranks, port, fields, calls, out))
-             for r in range(ranks)]
+    procs = [
+        ctx.Process(target=_allgather_rank, args=(r, ranks, port, fields, calls, out))
+        for r in range(ranks)
+    ]
     for p in procs:
         p.start()
     figures: dict[str, Any] = out.get()
@@ -159,8 +164,9 @@ def main() -> None:
         figures = allgather(args.fields, args.calls, args.ranks)
     else:
         raise SystemExit(f"unknown candidate {args.candidate!r}")
-    report(candidate=args.candidate, fields=args.fields, ranks=args.ranks, pid=os.getpid(),
-           **figures)
+    report(
+        candidate=args.candidate, fields=args.fields, ranks=args.ranks, pid=os.getpid(), **figures
+    )
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ def main() -> None:
     t3 = time.process_time()
     n = RANKS * STEPS
     us = [(b - a) / n * 1e6 for a, b in ((t0, t1), (t1, t2), (t2, t3), (t0, t3))]
-    print(f"{n} records, {len(rows)} rows; per record: decode {us[0]:.2f} us, order "
-          f"{us[1]:.2f} us, build rows {us[2]:.2f} us; total {us[3]:.2f} us "
-          f"({n / (t3 - t0):,.0f} records/s on one core)")
+    print(
+        f"{n} records, {len(rows)} rows; per record: decode {us[0]:.2f} us, order "
+        f"{us[1]:.2f} us, build rows {us[2]:.2f} us; total {us[3]:.2f} us "
+        f"({n / (t3 - t0):,.0f} records/s on one core)"
+    )
 
 
 if __name__ == "__main__":

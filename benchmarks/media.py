@@ -72,16 +72,22 @@ def main() -> None:
     for mode in ("plain", "funnel", "funnel-wandb"):
         proc = subprocess.run(
             [sys.executable, __file__, "--mode", mode, "--images", str(args.images)],
-            capture_output=True, text=True, timeout=1200, check=False, env=os.environ,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+            env=os.environ,
         )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODE ")]
         if not lines:
-            raise RuntimeError(f"{mode} reported nothing (exit {proc.returncode})\n"
-                               f"{proc.stderr[-3000:]}")
-        figures[mode] = json.loads(lines[0][len("MODE "):])
+            raise RuntimeError(
+                f"{mode} reported nothing (exit {proc.returncode})\n{proc.stderr[-3000:]}"
+            )
+        figures[mode] = json.loads(lines[0][len("MODE ") :])
     figures["ratio_worker"] = figures["funnel"]["worker_us"] / figures["plain"]["worker_us"]
-    figures["ratio_throughput"] = (figures["funnel"]["images_per_s"]
-                                   / figures["plain"]["images_per_s"])
+    figures["ratio_throughput"] = (
+        figures["funnel"]["images_per_s"] / figures["plain"]["images_per_s"]
+    )
     report(**figures)
 
 

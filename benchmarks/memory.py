@@ -50,8 +50,14 @@ assert run._stream is not None and run._stream._welcomed, "not welcomed"
 
 
 def _probe(body: str, env: dict[str, str]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-c", _PROBE.format(body=body)], env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(body=body)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]

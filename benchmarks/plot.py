@@ -15,6 +15,7 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     cost = results["log_cost"]
     names = [k.split("/")[0] for k in cost if k.endswith("/3")]
+
     # What training pays per call: all_gather is a wait (wall time); a Queue's feeder thread
     # pickles after put() returns, so only its mean (drained at the end) counts that work.
     def paid(name: str) -> float:
@@ -35,14 +36,17 @@ def plot(results: dict[str, Any], path: pathlib.Path) -> None:
     keys = [k for k in ingest if k.startswith("funnel/")]
     labels = [k.split("/")[1] for k in keys]
     funnel = [ingest[k]["records_per_s"] / 1000 for k in keys]
-    queue = [ingest.get(k.replace("funnel/", "queue/"), {}).get("records_per_s", 0) / 1000
-             for k in keys]
+    queue = [
+        ingest.get(k.replace("funnel/", "queue/"), {}).get("records_per_s", 0) / 1000 for k in keys
+    ]
     x = range(len(keys))
     right.bar([i - 0.2 for i in x], funnel, width=0.4, label="wandb-funnel", color="tab:green")
-    right.bar([i + 0.2 for i in x], queue, width=0.4, label="multiprocessing.Queue",
-              color="tab:gray")
-    right.set_xticks(list(x), [f"{lab}\nproducers" if "ranks" not in lab else lab
-                               for lab in labels])
+    right.bar(
+        [i + 0.2 for i in x], queue, width=0.4, label="multiprocessing.Queue", color="tab:gray"
+    )
+    right.set_xticks(
+        list(x), [f"{lab}\nproducers" if "ranks" not in lab else lab for lab in labels]
+    )
     right.set_ylabel("thousand records/s")
     right.set_title("Logger ingest (records ordered and merged into rows)")
     right.legend()

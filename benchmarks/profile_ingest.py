@@ -81,11 +81,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="wandb-funnel-profile-") as scratch:
         env = scratch_env(pathlib.Path(scratch), WANDB_FUNNEL_SINK="null")
         subprocess.run(
-            [spy, "record", "--subprocesses", "--nonblocking", "--format", "raw", "--rate", "250",
-             "-o", str(raw), "--", sys.executable, str(HERE / "ingest.py"), "--mode", "funnel",
-             "--producers", args.producers, "--ranks-per-producer", args.ranks_per_producer,
-             "--records", args.records],
-            env=env, cwd=scratch, check=True, timeout=600,
+            [
+                spy,
+                "record",
+                "--subprocesses",
+                "--nonblocking",
+                "--format",
+                "raw",
+                "--rate",
+                "250",
+                "-o",
+                str(raw),
+                "--",
+                sys.executable,
+                str(HERE / "ingest.py"),
+                "--mode",
+                "funnel",
+                "--producers",
+                args.producers,
+                "--ranks-per-producer",
+                args.ranks_per_producer,
+                "--records",
+                args.records,
+            ],
+            env=env,
+            cwd=scratch,
+            check=True,
+            timeout=600,
         )
     summary = summarize(raw)
     (out / "ingest-profile.txt").write_text(summary + "\n")

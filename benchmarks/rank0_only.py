@@ -32,8 +32,9 @@ def one(steps: int, install: bool) -> tuple[float, float]:
     end = time.time()
     if proc.returncode != 0:
         raise RuntimeError(f"{argv} exited {proc.returncode}\n{proc.stderr[-3000:]}")
-    trained = [float(line.split()[1]) for line in proc.stdout.splitlines()
-               if line.startswith("TRAINED ")]
+    trained = [
+        float(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("TRAINED ")
+    ]
     return end - start, end - trained[0]
 
 

@@ -62,16 +62,50 @@ def suite(scratch: pathlib.Path, quick: bool) -> dict[str, Any]:
     cost: dict[str, Any] = {}
     for fields in (3, 50):
         f = str(fields)
-        cost[f"funnel/{f}"] = child(f"cost-funnel-{f}", "log_cost.py", "--candidate", "funnel",
-                                    "--fields", f, "--calls", str(n), **null)
-        cost[f"queue/{f}"] = child(f"cost-queue-{f}", "log_cost.py", "--candidate", "queue",
-                                   "--fields", f, "--calls", str(n))
-        cost[f"wandb/{f}"] = child(f"cost-wandb-{f}", "log_cost.py", "--candidate", "wandb",
-                                   "--fields", f, "--calls", str(n // 20))
+        cost[f"funnel/{f}"] = child(
+            f"cost-funnel-{f}",
+            "log_cost.py",
+            "--candidate",
+            "funnel",
+            "--fields",
+            f,
+            "--calls",
+            str(n),
+            **null,
+        )
+        cost[f"queue/{f}"] = child(
+            f"cost-queue-{f}",
+            "log_cost.py",
+            "--candidate",
+            "queue",
+            "--fields",
+            f,
+            "--calls",
+            str(n),
+        )
+        cost[f"wandb/{f}"] = child(
+            f"cost-wandb-{f}",
+            "log_cost.py",
+            "--candidate",
+            "wandb",
+            "--fields",
+            f,
+            "--calls",
+            str(n // 20),
+        )
         for ranks in ("2", "4"):
             cost[f"allgather{ranks}/{f}"] = child(
-                f"cost-allgather{ranks}-{f}", "log_cost.py", "--candidate", "allgather",
-                "--fields", f, "--ranks", ranks, "--calls", str(n // 100))
+                f"cost-allgather{ranks}-{f}",
+                "log_cost.py",
+                "--candidate",
+                "allgather",
+                "--fields",
+                f,
+                "--ranks",
+                ranks,
+                "--calls",
+                str(n // 100),
+            )
     results["log_cost"] = cost
 
     ingest: dict[str, Any] = {}
@@ -79,22 +113,48 @@ def suite(scratch: pathlib.Path, quick: bool) -> dict[str, Any]:
     for producers in ("1", "4", "16"):
         records = str(total // int(producers))
         ingest[f"funnel/{producers}"] = child(
-            f"ingest-funnel-{producers}", "ingest.py", "--mode", "funnel", "--producers",
-            producers, "--records", records, **null)
+            f"ingest-funnel-{producers}",
+            "ingest.py",
+            "--mode",
+            "funnel",
+            "--producers",
+            producers,
+            "--records",
+            records,
+            **null,
+        )
         ingest[f"queue/{producers}"] = child(
-            f"ingest-queue-{producers}", "ingest.py", "--mode", "queue", "--producers",
-            producers, "--records", records)
+            f"ingest-queue-{producers}",
+            "ingest.py",
+            "--mode",
+            "queue",
+            "--producers",
+            producers,
+            "--records",
+            records,
+        )
     for ranks, per in (("256", "64"), ("1024", "256")):
         steps = str(total // int(ranks))
         ingest[f"funnel/{ranks} ranks"] = child(
-            f"ingest-ranks-{ranks}", "ingest.py", "--mode", "funnel", "--producers", "4",
-            "--ranks-per-producer", per, "--records", steps, **null)
+            f"ingest-ranks-{ranks}",
+            "ingest.py",
+            "--mode",
+            "funnel",
+            "--producers",
+            "4",
+            "--ranks-per-producer",
+            per,
+            "--records",
+            steps,
+            **null,
+        )
     results["ingest"] = ingest
 
     steps = "300" if quick else "2000"
     results["end_to_end"] = {
-        mode: child(f"e2e-{mode}", "end_to_end.py", "--mode", mode, "--ranks", "4",
-                    "--steps", steps)
+        mode: child(
+            f"e2e-{mode}", "end_to_end.py", "--mode", mode, "--ranks", "4", "--steps", steps
+        )
         for mode in ("funnel", "per-rank")
     }
     results["memory"] = {
@@ -104,12 +164,25 @@ def suite(scratch: pathlib.Path, quick: bool) -> dict[str, Any]:
     train: dict[str, list[dict[str, Any]]] = {"none": [], "funnel": [], "allgather": []}
     for _ in range(1 if quick else 3):  # interleaved, so drifting load hits every mode alike
         for mode in train:
-            train[mode].append(child(f"train-{mode}", "training.py", "--mode", mode,
-                                     "--steps", "300" if quick else "1500"))
+            train[mode].append(
+                child(
+                    f"train-{mode}",
+                    "training.py",
+                    "--mode",
+                    mode,
+                    "--steps",
+                    "300" if quick else "1500",
+                )
+            )
     results["training"] = train
-    results["rank0_only"] = child("rank0-only", "rank0_only.py",
-                                  "--steps", "300" if quick else "2000",
-                                  "--repeats", "1" if quick else "3")
+    results["rank0_only"] = child(
+        "rank0-only",
+        "rank0_only.py",
+        "--steps",
+        "300" if quick else "2000",
+        "--repeats",
+        "1" if quick else "3",
+    )
     results["media"] = child("media", "media.py", "--images", "200" if quick else "2000")
     return results
 

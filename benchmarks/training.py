@@ -30,8 +30,9 @@ def train(mode: str, steps: int) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(rank)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                    torch.nn.Linear(256, 10)))
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
     run = None
@@ -58,8 +59,9 @@ def train(mode: str, steps: int) -> None:
         elif mode == "allgather":
             dist.all_gather(gathered, loss.detach().reshape(1))
             if run is not None:
-                run.log({"loss": torch.cat(gathered).mean().item(), "samples": 32 * world},
-                        step=step)
+                run.log(
+                    {"loss": torch.cat(gathered).mean().item(), "samples": 32 * world}, step=step
+                )
     dist.barrier()
     elapsed = time.perf_counter() - t0
     if rank == 0:
@@ -80,11 +82,25 @@ def main() -> None:
         train(args.mode, args.steps)
         return
     out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc-per-node={args.nproc}", __file__, "--inner", "--mode", args.mode,
-         "--steps", str(args.steps)],
-        env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600,
-        check=False)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={args.nproc}",
+            __file__,
+            "--inner",
+            "--mode",
+            args.mode,
+            "--steps",
+            str(args.steps),
+        ],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     sys.stdout.write(out.stdout)
     if out.returncode != 0:
         sys.stderr.write(out.stderr[-4000:])

@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             step += 1
 
     # Every rank evaluates its own shard of the test set: no gather, one table in the run.
-    shard = DataLoader(test, batch_size=len(test), sampler=DistributedSampler(test, world, rank,
-                                                                               shuffle=False))
+    shard = DataLoader(
+        test, batch_size=len(test), sampler=DistributedSampler(test, world, rank, shuffle=False)
+    )
     x, y = next(iter(shard))
     with torch.no_grad():
         scores = torch.softmax(model(x), dim=1)
@@ -90,17 +91,23 @@ def main(argv: list[str] | None = None) -> int:
     table = wf.Table(columns=["image", "guess", "truth"] + [f"score_{d}" for d in range(10)])
     for i in range(min(args.rows, len(x))):
         table.add_data(
-            wf.Image(picture(x[i])), int(guesses[i]), int(y[i]),
+            wf.Image(picture(x[i])),
+            int(guesses[i]),
+            int(y[i]),
             *[round(float(s), 4) for s in scores[i]],
         )
     confidence = scores.max(dim=1).values.numpy()
-    run.log({
-        "predictions": table,
-        f"samples/rank{rank}": [wf.Image(picture(x[i]), caption=f"guess {int(guesses[i])}")
-                                for i in range(4)],
-        "confidence": wf.Histogram(np_histogram=np.histogram(confidence, CONFIDENCE_BINS)),
-        "eval/acc": float((guesses == y).float().mean()),
-    }, step=step)
+    run.log(
+        {
+            "predictions": table,
+            f"samples/rank{rank}": [
+                wf.Image(picture(x[i]), caption=f"guess {int(guesses[i])}") for i in range(4)
+            ],
+            "confidence": wf.Histogram(np_histogram=np.histogram(confidence, CONFIDENCE_BINS)),
+            "eval/acc": float((guesses == y).float().mean()),
+        },
+        step=step,
+    )
 
     run.finish()  # the hosting rank waits (bounded) for the others' last records
     dist.barrier()

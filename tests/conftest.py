@@ -55,8 +55,12 @@ class Scripts:
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return jobenv.clean_environment(
-            self.wandb_dir, self.tmp_path, mark=self.mark, mark_var=MARK_VAR,
-            drop=("WANDB_",), extra=extra,
+            self.wandb_dir,
+            self.tmp_path,
+            mark=self.mark,
+            mark_var=MARK_VAR,
+            drop=("WANDB_",),
+            extra=extra,
         )
 
     def start_file(
@@ -110,7 +114,6 @@ class Scripts:
         return ScriptResult(proc.returncode, out, err, elapsed, leftover_processes(self.mark))
 
 
-
 @pytest.fixture
 def scripts(tmp_path: pathlib.Path) -> Iterator[Scripts]:
     s = Scripts(tmp_path)
@@ -142,9 +145,7 @@ def reports(stdout: str) -> dict[str, Any]:
     return out
 
 
-def wait_for_report(
-    proc: subprocess.Popen[str], key: str, timeout: float = 60
-) -> dict[str, Any]:
+def wait_for_report(proc: subprocess.Popen[str], key: str, timeout: float = 60) -> dict[str, Any]:
     """Read the scenario's stdout until a REPORT carrying ``key`` arrives (bounded)."""
     import json
     import selectors
@@ -172,13 +173,25 @@ def wait_for_report(
 # ---- tiers: the gate and the full tier (tests/tiers.py) ----------------------------------
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("wandb-funnel tiers")
-    group.addoption("--sample-seed", type=int, default=None,
-                    help="run a random sample of the selected tests, in an order drawn from "
-                         "this seed (.ci/run derives it from the commit)")
-    group.addoption("--time-box", type=float, default=None, metavar="SECONDS",
-                    help="start no test after this long; what ran is reported as usual")
-    group.addoption("--full", action="store_true",
-                    help="the full tier too (by default, with no -m, only the gate runs)")
+    group.addoption(
+        "--sample-seed",
+        type=int,
+        default=None,
+        help="run a random sample of the selected tests, in an order drawn from "
+        "this seed (.ci/run derives it from the commit)",
+    )
+    group.addoption(
+        "--time-box",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="start no test after this long; what ran is reported as usual",
+    )
+    group.addoption(
+        "--full",
+        action="store_true",
+        help="the full tier too (by default, with no -m, only the gate runs)",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -227,7 +240,6 @@ class _Sample:
                 f"time box of {self.box:.0f}s reached: {self.ran} of {self.selected} "
                 f"selected tests ran (seed {self.seed})"
             )
-
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

@@ -54,9 +54,7 @@ def test_init_config_is_taken_as_wandb_takes_it() -> None:
     kwargs = {"config": {"a": 1, "b": 2}, "config_exclude_keys": ["b"], "allow_val_change": True}
     assert _api._init_config(kwargs) == {"a": 1}
     assert kwargs == {}
-    assert _api._init_config({"config": {"a": 1, "b": 2}, "config_include_keys": ["b"]}) == {
-        "b": 2
-    }
+    assert _api._init_config({"config": {"a": 1, "b": 2}, "config_include_keys": ["b"]}) == {"b": 2}
     with pytest.raises(ValueError, match="mutually exclusive"):
         _api._init_config({"config_include_keys": [], "config_exclude_keys": []})
     with pytest.raises(TypeError, match="config must be a dict"):

@@ -42,7 +42,9 @@ def _batch(records: list[tuple[int, bool, dict[str, Any]]], first_seq: int = 0) 
 def test_record_batch_round_trip() -> None:
     """A batch decodes to the same steps, commit flags and data, in order."""
     records: list[tuple[int, bool, dict[str, Any]]] = [
-        (0, True, {"a": 1}), (5, False, {"b": {"c": [1.5, None, "x"]}}), (5, True, {})
+        (0, True, {"a": 1}),
+        (5, False, {"b": {"c": [1.5, None, "x"]}}),
+        (5, True, {}),
     ]
     batch = _batch(records, first_seq=7)
     assert batch.first_seq == 7
@@ -69,8 +71,10 @@ def test_control_messages_round_trip() -> None:
     summary = codec.encode_update(SUMMARY, {"best": 1}, MAX)
     assert same(codec.decode(summary, MAX), Update(UpdateKind.SUMMARY, {"best": 1}))
     tb = {"log_dir": "runs/a", "save": True, "root_dir": "", "cwd": "/w"}
-    assert same(codec.decode(codec.encode_update(TENSORBOARD, tb, MAX), MAX),
-                Update(UpdateKind.TENSORBOARD, tb))
+    assert same(
+        codec.decode(codec.encode_update(TENSORBOARD, tb, MAX), MAX),
+        Update(UpdateKind.TENSORBOARD, tb),
+    )
     # Every kind round-trips, and the decoded kind is the enum, not a bare int.
     for kind in UpdateKind:
         decoded = codec.decode(codec.encode_update(kind, {"k": 1}, MAX), MAX)

@@ -28,12 +28,28 @@ def test_one_rank_s_console_goes_through_as_written_in_the_order_written() -> No
     included, stdout and stderr in the order the process wrote them (as wrap_raw records
     them for plain wandb); consecutive writes to one stream share a record."""
     lines, sink = ConsoleLines(), Sink()
-    lines.take(0, {"lines": [[1, 1.0, "out 0"], [1, 1.1, "\n"], [2, 1.2, "\r 10%|#"],
-                             [1, 1.3, "{'loss': 1}\n"], [2, 1.4, "\r 20%|##"]]}, sink)
+    lines.take(
+        0,
+        {
+            "lines": [
+                [1, 1.0, "out 0"],
+                [1, 1.1, "\n"],
+                [2, 1.2, "\r 10%|#"],
+                [1, 1.3, "{'loss': 1}\n"],
+                [2, 1.4, "\r 20%|##"],
+            ]
+        },
+        sink,
+    )
     lines.take(0, {"lines": [[2, 1.5, "\n"], [1, 1.6, "done\n"]]}, sink)
-    assert sink.out == [("stdout", "out 0\n"), ("stderr", "\r 10%|#"),
-                        ("stdout", "{'loss': 1}\n"), ("stderr", "\r 20%|##"),
-                        ("stderr", "\n"), ("stdout", "done\n")]
+    assert sink.out == [
+        ("stdout", "out 0\n"),
+        ("stderr", "\r 10%|#"),
+        ("stdout", "{'loss': 1}\n"),
+        ("stderr", "\r 20%|##"),
+        ("stderr", "\n"),
+        ("stdout", "done\n"),
+    ]
     assert lines.lines == 4 and not lines.labelled
     lines.take(0, {"lines": [[1, 1.7, "no end"]]}, sink)
     lines.flush(sink)  # written already; counted as a line at close, left as plain wandb does
@@ -48,10 +64,13 @@ def test_a_second_rank_starts_the_labels_and_ends_the_first_rank_s_open_line() -
     lines.take(0, {"lines": [[1, 1.2, " rest\n"]]}, sink)
     lines.take(1, {"lines": [[2, 1.3, "e1\n"], [1, 1.4, "o1\n"], [2, 1.5, "e2\n"]]}, sink)
     assert sink.out == [
-        ("stdout", "before\nhalf"), ("stderr", "err done\n"),
+        ("stdout", "before\nhalf"),
+        ("stderr", "err done\n"),
         ("stdout", "\n"),  # the open line ended, so labelled lines start lines of their own
         ("stdout", "[rank 0]  rest\n"),
-        ("stderr", "[rank 1] e1\n"), ("stdout", "[rank 1] o1\n"), ("stderr", "[rank 1] e2\n"),
+        ("stderr", "[rank 1] e1\n"),
+        ("stdout", "[rank 1] o1\n"),
+        ("stderr", "[rank 1] e2\n"),
     ]
     assert lines.lines == 7 and lines.dropped == 0
 

@@ -53,5 +53,9 @@ def test_the_logger_process_loads_no_worker_or_owner_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = json.loads(out.stdout)
-    assert set(loaded) <= {"wandb_funnel._constants", "wandb_funnel._options",
-                           "wandb_funnel._pid", "wandb_funnel.errors"}, loaded
+    assert set(loaded) <= {
+        "wandb_funnel._constants",
+        "wandb_funnel._options",
+        "wandb_funnel._pid",
+        "wandb_funnel.errors",
+    }, loaded

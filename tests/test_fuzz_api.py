@@ -38,8 +38,16 @@ def test_public_api_raises_only_type_or_value_errors_and_keeps_working(
     final log, summary and config value land; no junk on the socket."""
     res = scripts.run_file(
         FUZZ_API,
-        ["--max-record-bytes", str(MAX_RECORD_BYTES), "--log-examples", str(LOG_EXAMPLES),
-         "--update-examples", str(UPDATE_EXAMPLES), "--final-step", str(FINAL_STEP)],
+        [
+            "--max-record-bytes",
+            str(MAX_RECORD_BYTES),
+            "--log-examples",
+            str(LOG_EXAMPLES),
+            "--update-examples",
+            str(UPDATE_EXAMPLES),
+            "--final-step",
+            str(FINAL_STEP),
+        ],
         timeout=140,
     )
     assert res.returncode == 0, res.stderr[-6000:]

@@ -88,9 +88,15 @@ def test_a_tensorboard_directory_is_sent_from_the_loggers_host_and_counted_from_
         with pytest.warns(FunnelWarning, match="another host"):
             run._tensorboard_callback("runs/a", save=True, root_logdir="")
         run._tensorboard_callback("runs/b")  # counted again, warned once
-        assert sent == [(SUMMARY, {"funnel/unsupported_calls": 1}),
-                        (SUMMARY, {"funnel/unsupported_calls": 2})]
+        assert sent == [
+            (SUMMARY, {"funnel/unsupported_calls": 1}),
+            (SUMMARY, {"funnel/unsupported_calls": 2}),
+        ]
     else:
         run._tensorboard_callback("runs/a", save=False, root_logdir="runs")
-        assert sent == [(TENSORBOARD, {"log_dir": "runs/a", "save": False, "root_dir": "runs",
-                                       "cwd": os.getcwd()})]
+        assert sent == [
+            (
+                TENSORBOARD,
+                {"log_dir": "runs/a", "save": False, "root_dir": "runs", "cwd": os.getcwd()},
+            )
+        ]

@@ -154,7 +154,11 @@ def test_login_offline_asks_for_nothing(
 
 def _python(code: str, env: dict[str, str]) -> str:
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
         check=True,
     )
     return out.stdout.strip()
@@ -168,8 +172,10 @@ def test_the_startup_hook_installs_once_wandb_is_imported(tmp_path: Any) -> None
     env["PYTHONPATH"] = os.pathsep.join([installer.BOOTSTRAP_DIR, str(other)])
     env[ENV_INSTALL] = json.dumps({"reduce": "max"})
     # A process that never imports wandb does not pay for it; a sitecustomize we shadow runs.
-    assert _python("import sys, os; print('wandb' in sys.modules, os.environ.get("
-                   "'THEIRS_RAN'))", env) == "False 1"
+    assert (
+        _python("import sys, os; print('wandb' in sys.modules, os.environ.get('THEIRS_RAN'))", env)
+        == "False 1"
+    )
     # Asking for the spec first (HF and accelerate do) and importing later still installs.
     code = (
         "import importlib.util; importlib.util.find_spec('wandb'); import wandb; "
@@ -208,5 +214,7 @@ def test_a_process_that_never_calls_init_gets_no_exit_work(tmp_path: Any) -> Non
     hooks_installed, threads_installed = json.loads(_python(code, installed))
     assert threads_installed == threads_plain
     ours = set(hooks_installed) - set(hooks_plain)
-    assert ours == {"wandb_funnel._worker.lifecycle._keep_exit_code",
-                    "zmq.sugar.context._notice_atexit"}, ours
+    assert ours == {
+        "wandb_funnel._worker.lifecycle._keep_exit_code",
+        "zmq.sugar.context._notice_atexit",
+    }, ours

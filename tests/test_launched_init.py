@@ -88,8 +88,16 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Store:
 
 
 def _env(rank: int, world: int = 4, local_world: int = 2) -> DistEnv:
-    return DistEnv("torchrun", rank, world, rank % local_world, local_world,
-                   rank // local_world, "10.0.0.1", 29500)
+    return DistEnv(
+        "torchrun",
+        rank,
+        world,
+        rank % local_world,
+        local_world,
+        rank // local_world,
+        "10.0.0.1",
+        29500,
+    )
 
 
 def test_global_scope_rank0_hosts_one_run_for_every_rank(store: Store) -> None:

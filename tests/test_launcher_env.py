@@ -8,9 +8,16 @@ from wandb_funnel._launcher_env import detect
 
 
 def test_torchrun() -> None:
-    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-           "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
-           "TORCHELASTIC_RESTART_COUNT": "2"}
+    env = {
+        "RANK": "5",
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+    }
     d = detect(env)
     assert d is not None and d.launcher == "torchrun"
     assert (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank) == (5, 8, 1, 4, 1)
@@ -19,17 +26,28 @@ def test_torchrun() -> None:
 
 
 def test_slurm_with_tasks_per_node_spec() -> None:
-    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
-           "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    env = {
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_TASKS_PER_NODE": "2(x2)",
+    }
     d = detect(env)
     assert d is not None and d.launcher == "slurm"
     assert (d.rank, d.world_size, d.local_rank, d.local_world_size, d.node_rank) == (3, 4, 1, 2, 1)
 
 
 def test_openmpi_and_pmi() -> None:
-    d = detect({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4",
-                "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                "OMPI_COMM_WORLD_NODE_RANK": "0"})  # a rank on the node, not the node
+    d = detect(
+        {
+            "OMPI_COMM_WORLD_RANK": "2",
+            "OMPI_COMM_WORLD_SIZE": "4",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "OMPI_COMM_WORLD_NODE_RANK": "0",
+        }
+    )  # a rank on the node, not the node
     assert d is not None and d.launcher == "openmpi" and d.node_rank == 1
     d = detect({"PMI_RANK": "1", "PMI_SIZE": "2"})
     assert d is not None and d.launcher == "pmi" and d.local_world_size == 2

@@ -16,8 +16,9 @@ from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
 from wandb_funnel.errors import LoggerStartError
 
-START = LoggerStart("ipc:///nonexistent/s", None, "tok", os.getpid(), -1, FunnelOptions(),
-                    Topology(), {"id": "abc"})
+START = LoggerStart(
+    "ipc:///nonexistent/s", None, "tok", os.getpid(), -1, FunnelOptions(), Topology(), {"id": "abc"}
+)
 
 
 def test_close_of_a_logger_that_already_exited_says_so_at_once() -> None:
@@ -31,9 +32,14 @@ def test_close_of_a_logger_that_already_exited_says_so_at_once() -> None:
 
 def test_kill_escalates_to_sigkill_for_a_logger_that_ignores_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c",
-         ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-          "print('ready', flush=True); time.sleep(60)")],
+        [
+            sys.executable,
+            "-c",
+            (
+                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('ready', flush=True); time.sleep(60)"
+            ),
+        ],
         stdout=subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"

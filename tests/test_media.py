@@ -25,13 +25,15 @@ def _stager(tmp_path: pathlib.Path, max_bytes: int = 1 << 20) -> media.Stager:
     return media.Stager(str(tmp_path / "media"), max_bytes)
 
 
-def _encode(stager: media.Stager, data: dict[str, Any], max_record: int = 1 << 20
-            ) -> tuple[bytes, list[str]]:
+def _encode(
+    stager: media.Stager, data: dict[str, Any], max_record: int = 1 << 20
+) -> tuple[bytes, list[str]]:
     return _encoding(stager, data, max_record)[:2]
 
 
-def _encoding(stager: media.Stager, data: dict[str, Any], max_record: int = 1 << 20
-              ) -> tuple[bytes, list[str], list[tuple[str, bytes]]]:
+def _encoding(
+    stager: media.Stager, data: dict[str, Any], max_record: int = 1 << 20
+) -> tuple[bytes, list[str], list[tuple[str, bytes]]]:
     enc = stager.encoding()
     try:
         packed = codec.encode_record(0, True, data, max_record, enc.default)
@@ -99,8 +101,9 @@ def test_a_media_record_carries_descriptors_and_the_files_lie_staged(
 ) -> None:
     stager = _stager(tmp_path)
     table = wf.Table(columns=["i", "img"], data=[[1, wf.Image(np.zeros((4, 4, 3), np.uint8))]])
-    packed, staged = _encode(stager, {"t": table, "img": wf.Image(np.ones((2, 2)) * 9),
-                                      "loss": np.float32(0.5)})
+    packed, staged = _encode(
+        stager, {"t": table, "img": wf.Image(np.ones((2, 2)) * 9), "loss": np.float32(0.5)}
+    )
     assert len(staged) == 2 and all(os.path.isfile(p) for p in staged)
     assert oct(os.stat(staged[0]).st_mode & 0o777) == "0o600"
     data = _decode(packed)
@@ -150,8 +153,10 @@ def test_past_the_in_flight_bound_media_are_dropped_and_counted(
 def test_a_rank_on_another_node_drops_files_but_keeps_histograms_and_tables() -> None:
     assert media.staging_dir_for("tcp://10.0.0.1:5555") is None
     stager = media.Stager(None, 1 << 20, "another node")
-    packed, _ = _encode(stager, {"img": wf.Image(np.zeros((2, 2))),
-                                 "h": wf.Histogram(np_histogram=([1], [0.0, 1.0]))})
+    packed, _ = _encode(
+        stager,
+        {"img": wf.Image(np.zeros((2, 2))), "h": wf.Histogram(np_histogram=([1], [0.0, 1.0]))},
+    )
     data = _decode(packed)
     assert data["img"].desc == {"k": "dropped", "what": "Image", "why": "another node"}
     assert data["h"].desc["k"] == "histogram"
@@ -210,47 +215,64 @@ def _row(parts: dict[int, dict[str, Any]]) -> Row:
 
 
 def _table(columns: list[str], rows: list[list[Any]]) -> MediaRef:
-    return MediaRef({"k": "table", "columns": columns, "data": rows, "mixed": False,
-                     "log_mode": "IMMUTABLE"})
+    return MediaRef(
+        {"k": "table", "columns": columns, "data": rows, "mixed": False, "log_mode": "IMMUTABLE"}
+    )
 
 
 def test_concat_makes_one_table_in_rank_order_with_a_rank_column() -> None:
     builder = RowBuilder("auto", {"t": "concat"}, "global_step")
-    out = builder.build(_row({2: {"t": _table(["a"], [[20]])},
-                              0: {"t": _table(["a"], [[0], [1]])}}))
+    out = builder.build(
+        _row({2: {"t": _table(["a"], [[20]])}, 0: {"t": _table(["a"], [[0], [1]])}})
+    )
     assert out["t"].desc["columns"] == ["a", "rank"]
     assert out["t"].desc["data"] == [[0, 0], [1, 0], [20, 2]]
-    has_rank = builder.build(_row({0: {"t": _table(["rank"], [[0]])},
-                                   1: {"t": _table(["rank"], [[1]])}}))
+    has_rank = builder.build(
+        _row({0: {"t": _table(["rank"], [[0]])}, 1: {"t": _table(["rank"], [[1]])}})
+    )
     assert has_rank["t"].desc["columns"] == ["rank"] and has_rank["t"].desc["data"] == [[0], [1]]
 
 
 def test_reducers_that_cannot_apply_keep_the_lowest_rank_and_say_why() -> None:
     warned: list[str] = []
     builder = RowBuilder("auto", {"t": "concat", "h": "merge"}, "global_step", warned.append)
-    out = builder.build(_row({
-        0: {"t": _table(["a"], [[0]]), "h": MediaRef({"k": "histogram", "histogram": [1],
-                                                       "bins": [0, 1]})},
-        1: {"t": _table(["b"], [[1]]), "h": MediaRef({"k": "histogram", "histogram": [1],
-                                                       "bins": [0, 2]})},
-    }))
+    out = builder.build(
+        _row(
+            {
+                0: {
+                    "t": _table(["a"], [[0]]),
+                    "h": MediaRef({"k": "histogram", "histogram": [1], "bins": [0, 1]}),
+                },
+                1: {
+                    "t": _table(["b"], [[1]]),
+                    "h": MediaRef({"k": "histogram", "histogram": [1], "bins": [0, 2]}),
+                },
+            }
+        )
+    )
     assert out["t"].desc["columns"] == ["a"] and out["h"].desc["bins"] == [0, 1]
     assert any("rank 1's table has columns ['b']" in w for w in warned)
     assert any("other bin edges" in w for w in warned)
-    merged = builder.build(_row({
-        0: {"h": MediaRef({"k": "histogram", "histogram": [1, 2], "bins": [0, 1, 2]})},
-        1: {"h": MediaRef({"k": "histogram", "histogram": [3, 4], "bins": [0, 1, 2]})},
-    }))
+    merged = builder.build(
+        _row(
+            {
+                0: {"h": MediaRef({"k": "histogram", "histogram": [1, 2], "bins": [0, 1, 2]})},
+                1: {"h": MediaRef({"k": "histogram", "histogram": [3, 4], "bins": [0, 1, 2]})},
+            }
+        )
+    )
     assert merged["h"].desc["histogram"] == [4, 6]
 
 
 def test_media_default_to_the_lowest_rank_in_auto_and_per_rank_in_shared() -> None:
     image = {r: MediaRef({"k": "file", "c": "Image", "s": {}, "f": f"{r}.png"}) for r in (0, 1)}
     auto = RowBuilder("auto", {}, "global_step").build(
-        _row({1: {"img": image[1]}, 0: {"img": image[0]}}))
+        _row({1: {"img": image[1]}, 0: {"img": image[0]}})
+    )
     assert auto["img"] is image[0]
     shared = RowBuilder("shared", {}, "global_step").build(
-        _row({1: {"img": image[1]}, 0: {"img": image[0]}}))
+        _row({1: {"img": image[1]}, 0: {"img": image[0]}})
+    )
     assert shared["img/rank0"] is image[0] and shared["img/rank1"] is image[1]
     assert "img" not in shared
 
@@ -269,7 +291,7 @@ def test_a_rank_on_another_node_sends_its_files_as_chunks(tmp_path: pathlib.Path
 
     def send(name: str, data: bytes) -> None:  # what Stream.send_blob puts on the wire
         for offset in range(0, max(len(data), 1), BATCH_BYTES):
-            chunk = data[offset:offset + BATCH_BYTES]
+            chunk = data[offset : offset + BATCH_BYTES]
             frame = codec.encode_blob(Blob(name, offset, len(data), chunk))
             blob = codec.decode(frame, 1 << 20)
             assert isinstance(blob, Blob)
@@ -279,8 +301,9 @@ def test_a_rank_on_another_node_sends_its_files_as_chunks(tmp_path: pathlib.Path
 
     stager = media.Stager(None, 1 << 24, remote=True)
     big = np.random.default_rng(1).integers(0, 255, (400, 400, 3))  # a PNG over one chunk
-    packed, staged, blobs = _encoding(stager, {"img": wf.Image(big), "again": []},
-                                      max_record=1 << 20)
+    packed, staged, blobs = _encoding(
+        stager, {"img": wf.Image(big), "again": []}, max_record=1 << 20
+    )
     assert staged == []  # nothing of this process's on the logger's disk to take back
     ((name, data),) = blobs  # sent by the Run once the record is good, ahead of it
     assert _decode(packed)["img"].desc["f"] == name
@@ -293,8 +316,9 @@ def test_a_rank_on_another_node_sends_its_files_as_chunks(tmp_path: pathlib.Path
 
     huge = np.random.default_rng(2).integers(0, 255, (3000, 3000, 3), dtype=np.uint8)
     assert huge.nbytes > REMOTE_MEDIA_BYTES
-    packed, _, blobs = _encoding(small, {"img": wf.Image(huge, file_type="bmp"), "loss": 1},
-                                 max_record=1 << 20)
+    packed, _, blobs = _encoding(
+        small, {"img": wf.Image(huge, file_type="bmp"), "loss": 1}, max_record=1 << 20
+    )
     data_ = _decode(packed)
     assert data_["img"].desc["k"] == "dropped" and data_["loss"] == 1 and small.dropped == 1
     assert blobs == []
@@ -314,23 +338,30 @@ def test_the_logger_takes_chunks_only_for_plain_new_names(tmp_path: pathlib.Path
     assert BlobWriter(None).write(Blob("b.png", 0, 1, b"b")) is False
 
 
-@pytest.mark.parametrize("make", [
-    lambda rng: rng.integers(0, 256, (6, 5), dtype=np.uint8),  # 2-D: grayscale
-    lambda rng: rng.integers(0, 256, (6, 5, 1), dtype=np.uint8),  # one channel
-    lambda rng: rng.integers(0, 256, (6, 5, 3), dtype=np.uint8),  # RGB
-    lambda rng: rng.integers(0, 256, (6, 5, 4), dtype=np.uint8),  # RGBA
-    lambda rng: rng.random((6, 5, 3)) * 255,  # floats, taken as 0-255 as wandb takes them
-    lambda rng: __import__("torch").from_numpy(rng.random((3, 6, 5)) * 255),  # CHW tensor
-    lambda rng: __import__("torch").from_numpy(rng.integers(0, 256, (3, 6, 5), dtype=np.uint8)),
-], ids=["2d", "1ch", "rgb", "rgba", "float", "tensor", "tensor-uint8"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda rng: rng.integers(0, 256, (6, 5), dtype=np.uint8),  # 2-D: grayscale
+        lambda rng: rng.integers(0, 256, (6, 5, 1), dtype=np.uint8),  # one channel
+        lambda rng: rng.integers(0, 256, (6, 5, 3), dtype=np.uint8),  # RGB
+        lambda rng: rng.integers(0, 256, (6, 5, 4), dtype=np.uint8),  # RGBA
+        lambda rng: rng.random((6, 5, 3)) * 255,  # floats, taken as 0-255 as wandb takes them
+        lambda rng: __import__("torch").from_numpy(rng.random((3, 6, 5)) * 255),  # CHW tensor
+        lambda rng: __import__("torch").from_numpy(rng.integers(0, 256, (3, 6, 5), dtype=np.uint8)),
+    ],
+    ids=["2d", "1ch", "rgb", "rgba", "float", "tensor", "tensor-uint8"],
+)
 def test_a_light_image_is_the_very_png_wandb_image_makes(make: Any) -> None:
     """Same bytes (so the same hash, and the same file name in the run) as wandb.Image."""
     import wandb
 
     data = make(np.random.default_rng(3))
     light, theirs = wf.Image(data), wandb.Image(data)
-    assert (light.width, light.height, light.format) == \
-        (theirs._width, theirs._height, theirs.format)
+    assert (light.width, light.height, light.format) == (
+        theirs._width,
+        theirs._height,
+        theirs.format,
+    )
     assert light._sha == theirs._sha256 and light._size == theirs._size
 
 
@@ -342,8 +373,9 @@ def test_media_nested_past_any_real_depth_is_junk_not_a_crash() -> None:
 
     inner: Any = msgpack.packb({"k": "histogram", "histogram": [1], "bins": [0, 1]})
     for _ in range(200):
-        inner = msgpack.packb({"k": "table", "columns": ["a"],
-                               "data": [[msgpack.ExtType(MEDIA_EXT, inner)]]})
+        inner = msgpack.packb(
+            {"k": "table", "columns": ["a"], "data": [[msgpack.ExtType(MEDIA_EXT, inner)]]}
+        )
     record = msgpack.packb((0, True, {"t": msgpack.ExtType(MEDIA_EXT, inner)}))
     with pytest.raises(codec.DecodeError, match="nested too deeply"):
         codec.decode(codec.encode_batch(0, [record]), 1 << 22)
@@ -364,12 +396,17 @@ def test_a_descriptor_cannot_steer_where_wandb_writes(tmp_path: pathlib.Path) ->
         out, _ = files.materialize({"img": ref}, wandb)
         return out
 
-    image = make({**good, "_extension": "/../../../evil.sh", "_path": "/etc/passwd",
-                  "_is_tmp": False})["img"]
+    image = make(
+        {**good, "_extension": "/../../../evil.sh", "_path": "/etc/passwd", "_is_tmp": False}
+    )["img"]
     assert image._extension == ".png" and image._path == str(tmp_path / name)
     assert image._is_tmp is True
-    for bad in ({"_sha256": "../../x" + "a" * 57}, {"format": "png/../../x"},
-                {"_masks": {"../m": None}}, {"_size": -1}):
+    for bad in (
+        {"_sha256": "../../x" + "a" * 57},
+        {"format": "png/../../x"},
+        {"_masks": {"../m": None}},
+        {"_size": -1},
+    ):
         assert make({**good, **bad}) == {}
     assert files.dropped == 4
 
@@ -383,14 +420,21 @@ def test_one_ref_logged_twice_is_one_wandb_object_and_a_dropped_list_item_is_jus
 
     name = "1-1-0123abcd.png"
     (tmp_path / name).write_bytes(b"png")
-    ref = MediaRef({"k": "file", "c": "Image", "f": name,
-                    "s": {"_sha256": "b" * 64, "_size": 3, "format": "png"}})
+    ref = MediaRef(
+        {
+            "k": "file",
+            "c": "Image",
+            "f": name,
+            "s": {"_sha256": "b" * 64, "_size": 3, "format": "png"},
+        }
+    )
     hist = MediaRef({"k": "histogram", "histogram": [1], "bins": [0, 1]})
     dropped = MediaRef({"k": "dropped", "what": "Image", "why": "full"})
     files = MediaFiles(str(tmp_path), lambda message: None)
     other = MediaRef({"k": "histogram", "histogram": [2], "bins": [0, 1]})
-    out, _ = files.materialize({"img": ref, "img/rank0": ref, "list": [hist, dropped, other]},
-                               wandb)
+    out, _ = files.materialize(
+        {"img": ref, "img/rank0": ref, "list": [hist, dropped, other]}, wandb
+    )
     assert out["img"] is out["img/rank0"]
     assert len(out["list"]) == 2 and files.logged == 3 and files.dropped == 1
 
@@ -402,8 +446,13 @@ def test_a_record_refused_after_staging_stages_nothing_twice_and_leaves_nothing(
     stager = _stager(tmp_path)
     enc = stager.encoding()
     with pytest.raises(TypeError, match="'bad'"):
-        codec.encode_record(0, True, {"img": wf.Image(np.zeros((4, 4, 3), np.uint8)),
-                                      "bad": object()}, 1 << 20, enc.default)
+        codec.encode_record(
+            0,
+            True,
+            {"img": wf.Image(np.zeros((4, 4, 3), np.uint8)), "bad": object()},
+            1 << 20,
+            enc.default,
+        )
     assert len(enc.staged) == 1
     enc.rollback()
     assert os.listdir(tmp_path / "media") == []

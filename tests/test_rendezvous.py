@@ -18,8 +18,14 @@ dist = pytest.importorskip("torch.distributed")  # CI installs torch: this alway
 
 @pytest.fixture
 def store(monkeypatch: pytest.MonkeyPatch) -> Any:
-    tcp = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True,
-                        timeout=timedelta(seconds=5), wait_for_workers=False)
+    tcp = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size=None,
+        is_master=True,
+        timeout=timedelta(seconds=5),
+        wait_for_workers=False,
+    )
     monkeypatch.setattr(rendezvous_module, "_job_store", lambda env, timeout: tcp)
     return tcp
 

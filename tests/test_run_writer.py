@@ -128,16 +128,27 @@ def test_a_ranks_tensorboard_directory_reaches_the_sink_as_wandb_core_will_find_
 
     writer, sink = _writer_for(0)
     here = os.getcwd()
-    writer.update(UpdateKind.TENSORBOARD, {"log_dir": "runs/a", "save": True, "root_dir": "",
-                                  "cwd": here}, rank=0)
-    writer.update(UpdateKind.TENSORBOARD, {"log_dir": "runs/b", "save": False, "root_dir": "runs",
-                                  "cwd": str(tmp_path)}, rank=1)
-    writer.update(UpdateKind.TENSORBOARD, {"log_dir": "/abs/c", "save": True, "root_dir": "",
-                                  "cwd": str(tmp_path)}, rank=1)
-    for bad in ({"log_dir": 3, "save": True, "root_dir": "", "cwd": here},
-                {"log_dir": "x", "save": "yes", "root_dir": "", "cwd": here},
-                {"log_dir": "", "save": True, "root_dir": "", "cwd": here},
-                {"log_dir": "x", "save": True}):
+    writer.update(
+        UpdateKind.TENSORBOARD,
+        {"log_dir": "runs/a", "save": True, "root_dir": "", "cwd": here},
+        rank=0,
+    )
+    writer.update(
+        UpdateKind.TENSORBOARD,
+        {"log_dir": "runs/b", "save": False, "root_dir": "runs", "cwd": str(tmp_path)},
+        rank=1,
+    )
+    writer.update(
+        UpdateKind.TENSORBOARD,
+        {"log_dir": "/abs/c", "save": True, "root_dir": "", "cwd": str(tmp_path)},
+        rank=1,
+    )
+    for bad in (
+        {"log_dir": 3, "save": True, "root_dir": "", "cwd": here},
+        {"log_dir": "x", "save": "yes", "root_dir": "", "cwd": here},
+        {"log_dir": "", "save": True, "root_dir": "", "cwd": here},
+        {"log_dir": "x", "save": True},
+    ):
         writer.update(UpdateKind.TENSORBOARD, bad, rank=1)
     assert sink.tensorboard_dirs == [
         ("runs/a", True, ""),

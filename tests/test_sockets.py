@@ -31,7 +31,7 @@ def endpoint() -> Iterator[tuple[str, str]]:
 
 def test_the_ipc_directory_is_private_and_removed(endpoint: tuple[str, str]) -> None:
     address, directory = endpoint
-    assert address.startswith("ipc://") and address[len("ipc://"):].startswith(directory)
+    assert address.startswith("ipc://") and address[len("ipc://") :].startswith(directory)
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
     remove_ipc_dir(directory)
     assert not os.path.exists(directory)
@@ -85,8 +85,11 @@ def test_curve_over_tcp_lets_the_job_in_and_refuses_a_stranger() -> None:
     server = LoggerSocket(f"ipc://{directory}/s", 10, 1 << 20, "127.0.0.1", keys)
     assert server.tcp_endpoint is not None and server.tcp_endpoint.startswith("tcp://127.0.0.1:")
     public, secret = zmq.curve_keypair()
-    stranger_keys = {**client_curve(keys), "client_public": public.decode(),
-                     "client_secret": secret.decode()}
+    stranger_keys = {
+        **client_curve(keys),
+        "client_public": public.decode(),
+        "client_secret": secret.decode(),
+    }
     member = ClientSocket(server.tcp_endpoint, STREAM_PREFIX + b"m" * 11, 10, client_curve(keys))
     stranger = ClientSocket(server.tcp_endpoint, STREAM_PREFIX + b"s" * 11, 10, stranger_keys)
     try:

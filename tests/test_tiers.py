@@ -18,8 +18,15 @@ def test_every_test_the_gate_names_exists() -> None:
     for entry in sorted(GATE):
         file, _, name = entry.partition("::")
         path = TESTS / file
-        functions = {n.name for n in ast.walk(ast.parse(path.read_text()))
-                     if isinstance(n, ast.FunctionDef)} if path.is_file() else set()
+        functions = (
+            {
+                n.name
+                for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, ast.FunctionDef)
+            }
+            if path.is_file()
+            else set()
+        )
         if name.split("[", 1)[0] not in functions:
             missing.append(entry)
     assert missing == []
@@ -27,10 +34,12 @@ def test_every_test_the_gate_names_exists() -> None:
 
 def test_a_parameter_is_matched_exactly_and_a_bare_name_takes_every_parameter() -> None:
     assert in_gate("tests/processes/test_pool.py::test_pool_workers_log_every_step[fork]")
-    assert in_gate("tests/processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes"
-                   "[auto-global-runs0]")
-    assert not in_gate("tests/processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes"
-                       "[shared-global-runs2]")
+    assert in_gate(
+        "tests/processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes[auto-global-runs0]"
+    )
+    assert not in_gate(
+        "tests/processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes[shared-global-runs2]"
+    )
     assert not in_gate("tests/processes/test_pool.py::test_share_run_pattern")
 
 

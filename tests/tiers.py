@@ -16,80 +16,82 @@ from collections.abc import Sequence
 
 # node ids (from tests/), "file::test" or "file::test[param]"; a name without a parameter
 # takes every parametrization of that test.
-GATE: frozenset[str] = frozenset({
-    # frameworks: install() under one real framework; wandb's tensorboard sync, one way
-    "frameworks/test_clients.py::test_client_through_the_funnel_keeps_everything_plain_wandb_had[lightning-install]",
-    "frameworks/test_tensorboard.py::test_one_process_gets_plain_wandbs_tensorboard_history_files_and_tbrecords[run-torch]",
-    "frameworks/test_tensorboard.py::test_keywords_that_cannot_act_in_the_caller_warn_once_and_are_counted[wf-init-not_carried0]",
-    # testing.capture_run, as a user's test runs it
-    "processes/test_capture.py::test_a_users_test_gets_every_row_without_wandb",
-    # console (output_raw) and system metrics (stats), against plain wandb
-    "processes/test_console.py::test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_script",
-    "processes/test_console.py::test_a_job_where_only_rank_0_calls_wandb_gets_plain_wandb_s_logs_and_system_tab",
-    "processes/test_console.py::test_every_ranks_system_metrics_carry_its_label",
-    # torchrun: two nodes (auto, and new mode per worker), one node, a rank that raises, SIGTERM
-    "processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes[auto-global-runs0]",
-    "processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes[new-worker-runs5]",
-    "processes/test_ddp.py::test_single_node_four_ranks[global]",
-    "processes/test_ddp.py::test_rank_raising_fails_the_run",
-    "processes/test_ddp.py::test_sigterm_to_torchrun_drains_and_finishes",
-    # install() and wandb-funnel run: the wandb API against plain wandb (history, config,
-    # summary, metric records), every kind of child, the command line, rank-0-only torchrun
-    "processes/test_installed.py::test_the_wandb_api_through_the_funnel_matches_plain_wandb",
-    "processes/test_installed.py::test_install_holds_in_every_kind_of_child_process",
-    "processes/test_installed.py::test_funnel_run_exits_with_the_commands_code_and_exports_the_options",
-    "processes/test_installed.py::test_funnel_run_takes_the_command_without_dashes_and_the_tool_has_a_version",
-    "processes/test_installed.py::test_a_users_own_global_step_is_kept_as_plain_wandb_keeps_it[torchrun]",
-    "processes/test_installed.py::test_mp_spawn_ranks_with_only_a_process_group_make_one_run",
-    # exit paths: an exception, atexit without close, a signal, a straggler, a dead worker, a
-    # dead or crashed logger, a dead owner, a stalled wandb, a backlog at close
-    "processes/test_lifecycle.py::test_exception_in_block_exits_1",
-    "processes/test_lifecycle.py::test_the_logger_process_exits_with_the_runs_exit_code[3]",
-    "processes/test_lifecycle.py::test_no_close_atexit[raise-1]",
-    "processes/test_lifecycle.py::test_private_funnel_is_like_wandb_init",
-    "processes/test_lifecycle.py::test_signal_mid_run[15-143-group]",
-    "processes/test_lifecycle.py::test_sigterm_that_misses_the_main_thread_still_runs_its_handler[spawn]",
-    "processes/test_lifecycle.py::test_sigterm_during_a_batch_send_loses_nothing[True]",
-    "processes/test_lifecycle.py::test_close_waits_for_a_straggler",
-    "processes/test_lifecycle.py::test_dead_worker_is_not_waited_for",
-    "processes/test_lifecycle.py::test_logger_death_does_not_fail_training",
-    "processes/test_lifecycle.py::test_owner_killed_logger_exits_by_itself",
-    "processes/test_lifecycle.py::test_stalled_wandb_finish_is_bounded",
-    "processes/test_lifecycle.py::test_logger_crash_loses_at_most_a_second",
-    "processes/test_lifecycle.py::test_logger_watchdog_when_owner_dies_and_wandb_stalls",
-    "processes/test_lifecycle.py::test_close_with_a_row_backlog_keeps_its_deadline_and_accounting",
-    # media (history media, tables across ranks, files and artifacts) against plain wandb
-    "processes/test_media.py::test_wandbs_media_through_install_are_recorded_as_plain_wandb_records_them",
-    "processes/test_media.py::test_every_ranks_table_becomes_one_table_and_ranks_never_import_wandb[auto]",
-    "processes/test_media.py::test_a_kill_with_media_in_flight_leaves_nothing_staged[rank]",
-    "processes/test_media.py::test_watch_artifacts_and_save_from_any_rank_as_plain_wandb_records_them",
-    # one process is plain wandb's run (Logs, System, footer, telemetry)
-    "processes/test_parity.py::test_a_one_process_script_s_run_is_plain_wandb_s_where_a_user_looks[run]",
-    "processes/test_parity.py::test_a_drop_is_said_on_the_terminal_with_the_footer_left_to_the_user",
-    # every start method; fork safety; the socket's privacy
-    "processes/test_pool.py::test_pool_workers_log_every_step",
-    "processes/test_pool.py::test_fork_child_never_reuses_parent_socket",
-    "processes/test_pool.py::test_socket_dir_is_private",
-    "processes/test_security.py::test_another_user_cannot_reach_the_ipc_socket",
-    "processes/test_security.py::test_another_job_cannot_reach_this_funnel",
-    # merging and reducing across ranks, late records, config and summary, bad input
-    "processes/test_semantics.py::test_auto_mode_reduces_like_all_gather",
-    "processes/test_semantics.py::test_shared_mode_keeps_every_rank",
-    "processes/test_semantics.py::test_late_record_is_logged_at_its_step_and_counted",
-    "processes/test_semantics.py::test_worker_config_and_summary_reach_the_run",
-    "processes/test_semantics.py::test_bad_input_raises_at_call_site_and_funnel_keeps_working",
-    "processes/test_socket_fuzz.py::test_raw_garbage_below_zeromq_is_refused_and_counted",
-    # the soak harness judges hangs, leftovers and exit codes; a few faults of the matrix
-    "soak/test_harness.py::test_a_hang_is_caught_and_killed",
-    "soak/test_harness.py::test_a_process_left_behind_is_caught",
-    "soak/test_harness.py::test_a_wrong_exit_code_is_caught",
-    "soak/test_soak.py::test_scenario[pool-spawn]",
-    "soak/test_soak.py::test_scenario[logger-killed]",
-    "soak/test_soak.py::test_scenario[ctrl-c]",
-    "soak/test_soak.py::test_scenario[torchrun-sigterm]",
-    "soak/test_user_command.py::test_a_users_command_gets_its_faults_and_a_report",
-    "test_fuzz_api.py::test_public_api_raises_only_type_or_value_errors_and_keeps_working",
-})
+GATE: frozenset[str] = frozenset(
+    {
+        # frameworks: install() under one real framework; wandb's tensorboard sync, one way
+        "frameworks/test_clients.py::test_client_through_the_funnel_keeps_everything_plain_wandb_had[lightning-install]",
+        "frameworks/test_tensorboard.py::test_one_process_gets_plain_wandbs_tensorboard_history_files_and_tbrecords[run-torch]",
+        "frameworks/test_tensorboard.py::test_keywords_that_cannot_act_in_the_caller_warn_once_and_are_counted[wf-init-not_carried0]",
+        # testing.capture_run, as a user's test runs it
+        "processes/test_capture.py::test_a_users_test_gets_every_row_without_wandb",
+        # console (output_raw) and system metrics (stats), against plain wandb
+        "processes/test_console.py::test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_script",
+        "processes/test_console.py::test_a_job_where_only_rank_0_calls_wandb_gets_plain_wandb_s_logs_and_system_tab",
+        "processes/test_console.py::test_every_ranks_system_metrics_carry_its_label",
+        # torchrun: two nodes (auto, and new mode per worker), one node, a rank that raises, SIGTERM
+        "processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes[auto-global-runs0]",
+        "processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes[new-worker-runs5]",
+        "processes/test_ddp.py::test_single_node_four_ranks[global]",
+        "processes/test_ddp.py::test_rank_raising_fails_the_run",
+        "processes/test_ddp.py::test_sigterm_to_torchrun_drains_and_finishes",
+        # install() and wandb-funnel run: the wandb API against plain wandb (history, config,
+        # summary, metric records), every kind of child, the command line, rank-0-only torchrun
+        "processes/test_installed.py::test_the_wandb_api_through_the_funnel_matches_plain_wandb",
+        "processes/test_installed.py::test_install_holds_in_every_kind_of_child_process",
+        "processes/test_installed.py::test_funnel_run_exits_with_the_commands_code_and_exports_the_options",
+        "processes/test_installed.py::test_funnel_run_takes_the_command_without_dashes_and_the_tool_has_a_version",
+        "processes/test_installed.py::test_a_users_own_global_step_is_kept_as_plain_wandb_keeps_it[torchrun]",
+        "processes/test_installed.py::test_mp_spawn_ranks_with_only_a_process_group_make_one_run",
+        # exit paths: an exception, atexit without close, a signal, a straggler, a dead worker, a
+        # dead or crashed logger, a dead owner, a stalled wandb, a backlog at close
+        "processes/test_lifecycle.py::test_exception_in_block_exits_1",
+        "processes/test_lifecycle.py::test_the_logger_process_exits_with_the_runs_exit_code[3]",
+        "processes/test_lifecycle.py::test_no_close_atexit[raise-1]",
+        "processes/test_lifecycle.py::test_private_funnel_is_like_wandb_init",
+        "processes/test_lifecycle.py::test_signal_mid_run[15-143-group]",
+        "processes/test_lifecycle.py::test_sigterm_that_misses_the_main_thread_still_runs_its_handler[spawn]",
+        "processes/test_lifecycle.py::test_sigterm_during_a_batch_send_loses_nothing[True]",
+        "processes/test_lifecycle.py::test_close_waits_for_a_straggler",
+        "processes/test_lifecycle.py::test_dead_worker_is_not_waited_for",
+        "processes/test_lifecycle.py::test_logger_death_does_not_fail_training",
+        "processes/test_lifecycle.py::test_owner_killed_logger_exits_by_itself",
+        "processes/test_lifecycle.py::test_stalled_wandb_finish_is_bounded",
+        "processes/test_lifecycle.py::test_logger_crash_loses_at_most_a_second",
+        "processes/test_lifecycle.py::test_logger_watchdog_when_owner_dies_and_wandb_stalls",
+        "processes/test_lifecycle.py::test_close_with_a_row_backlog_keeps_its_deadline_and_accounting",
+        # media (history media, tables across ranks, files and artifacts) against plain wandb
+        "processes/test_media.py::test_wandbs_media_through_install_are_recorded_as_plain_wandb_records_them",
+        "processes/test_media.py::test_every_ranks_table_becomes_one_table_and_ranks_never_import_wandb[auto]",
+        "processes/test_media.py::test_a_kill_with_media_in_flight_leaves_nothing_staged[rank]",
+        "processes/test_media.py::test_watch_artifacts_and_save_from_any_rank_as_plain_wandb_records_them",
+        # one process is plain wandb's run (Logs, System, footer, telemetry)
+        "processes/test_parity.py::test_a_one_process_script_s_run_is_plain_wandb_s_where_a_user_looks[run]",
+        "processes/test_parity.py::test_a_drop_is_said_on_the_terminal_with_the_footer_left_to_the_user",
+        # every start method; fork safety; the socket's privacy
+        "processes/test_pool.py::test_pool_workers_log_every_step",
+        "processes/test_pool.py::test_fork_child_never_reuses_parent_socket",
+        "processes/test_pool.py::test_socket_dir_is_private",
+        "processes/test_security.py::test_another_user_cannot_reach_the_ipc_socket",
+        "processes/test_security.py::test_another_job_cannot_reach_this_funnel",
+        # merging and reducing across ranks, late records, config and summary, bad input
+        "processes/test_semantics.py::test_auto_mode_reduces_like_all_gather",
+        "processes/test_semantics.py::test_shared_mode_keeps_every_rank",
+        "processes/test_semantics.py::test_late_record_is_logged_at_its_step_and_counted",
+        "processes/test_semantics.py::test_worker_config_and_summary_reach_the_run",
+        "processes/test_semantics.py::test_bad_input_raises_at_call_site_and_funnel_keeps_working",
+        "processes/test_socket_fuzz.py::test_raw_garbage_below_zeromq_is_refused_and_counted",
+        # the soak harness judges hangs, leftovers and exit codes; a few faults of the matrix
+        "soak/test_harness.py::test_a_hang_is_caught_and_killed",
+        "soak/test_harness.py::test_a_process_left_behind_is_caught",
+        "soak/test_harness.py::test_a_wrong_exit_code_is_caught",
+        "soak/test_soak.py::test_scenario[pool-spawn]",
+        "soak/test_soak.py::test_scenario[logger-killed]",
+        "soak/test_soak.py::test_scenario[ctrl-c]",
+        "soak/test_soak.py::test_scenario[torchrun-sigterm]",
+        "soak/test_user_command.py::test_a_users_command_gets_its_faults_and_a_report",
+        "test_fuzz_api.py::test_public_api_raises_only_type_or_value_errors_and_keeps_working",
+    }
+)
 
 JOB_MARKERS = ("processes", "soak", "frameworks")
 

@@ -66,7 +66,8 @@ def main() -> None:
         time.sleep(rng.uniform(0, 0.01))
     if args.loader_workers:
         loader = DataLoader(
-            Logged(rank, 40, steps), num_workers=args.loader_workers,
+            Logged(rank, 40, steps),
+            num_workers=args.loader_workers,
             multiprocessing_context="fork",
         )
         for _ in loader:

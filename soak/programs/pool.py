@@ -61,5 +61,6 @@ def main() -> None:
             finally:
                 probe.event("train_end")
 
+
 if __name__ == "__main__":
     main()

@@ -35,8 +35,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from wandb_funnel.soak import probe
 
-logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                    level=logging.INFO)
+logging.basicConfig(
+    format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO
+)
 logger = logging.getLogger("fairseq_cli.train")
 
 
@@ -66,8 +67,9 @@ def main(max_epoch: int, log_interval: int) -> None:
         run_name=os.environ.get("WANDB_NAME", "transformer_wmt_en_de"),
     )
     torch.manual_seed(rank)
-    model = DistributedDataParallel(nn.Sequential(nn.Embedding(64, 16), nn.Flatten(),
-                                                  nn.Linear(16 * 8, 64)))
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Embedding(64, 16), nn.Flatten(), nn.Linear(16 * 8, 64))
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-4)
     start = time.time()
     num_updates = 0

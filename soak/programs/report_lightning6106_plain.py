@@ -115,8 +115,9 @@ def new_process(rank: int, logger: WandbLogger, epochs: int, hparams: dict[str, 
             loss.backward()
             optimizer.step()
             if rank == 0:
-                logger.log_metrics({"train_loss": loss.item(), "epoch": epoch, "r0": global_step},
-                                   step=global_step)
+                logger.log_metrics(
+                    {"train_loss": loss.item(), "epoch": epoch, "r0": global_step}, step=global_step
+                )
                 probe.count(0)
                 if global_step == 10:
                     probe.event("ready")

@@ -35,8 +35,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from wandb_funnel.soak import probe
 
-logging.basicConfig(stream=sys.stdout, format="%(asctime)s - mmdet - %(levelname)s - %(message)s",
-                    level=logging.INFO)
+logging.basicConfig(
+    stream=sys.stdout,
+    format="%(asctime)s - mmdet - %(levelname)s - %(message)s",
+    level=logging.INFO,
+)
 logger = logging.getLogger("mmdet")
 
 
@@ -65,8 +68,9 @@ def main() -> None:
     max_iters = rng.randint(500, 800)
     wandb.init(project="mmdet-preemptible", config={"max_iters": max_iters})
     signal.signal(signal.SIGTERM, on_sigterm)  # registered by a hook once the run exists
-    loader = DataLoader(Images(), batch_size=16, shuffle=True, num_workers=2,
-                        persistent_workers=True)
+    loader = DataLoader(
+        Images(), batch_size=16, shuffle=True, num_workers=2, persistent_workers=True
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     it = 0
     while it < max_iters:

@@ -37,8 +37,7 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn(1024, 20)
     y = (x[:, 0] > 0).long()
-    train = DataLoader(TensorDataset(x[:896], y[:896]), batch_size=16, shuffle=True,
-                       num_workers=2)
+    train = DataLoader(TensorDataset(x[:896], y[:896]), batch_size=16, shuffle=True, num_workers=2)
     val = DataLoader(TensorDataset(x[896:], y[896:]), batch_size=128, num_workers=2)
     model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

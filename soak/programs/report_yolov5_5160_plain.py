@@ -69,8 +69,9 @@ class WandbLogger:
 def train(epochs: int, batches: int) -> None:
     wandb_logger = WandbLogger("YOLOv5", "exp") if RANK in (-1, 0) else None
     torch.manual_seed(0)
-    model: nn.Module = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                                     nn.Flatten(), nn.Linear(8, 5))
+    model: nn.Module = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)
+    )
     if RANK != -1:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.937)
@@ -86,9 +87,16 @@ def train(epochs: int, batches: int) -> None:
             mloss = (mloss * i + loss.detach()) / (i + 1)
         if wandb_logger is not None:  # RANK in (-1, 0): on_fit_epoch_end
             box, obj, cls = (float(v) for v in mloss)
-            wandb_logger.log({"train/box_loss": box, "train/obj_loss": obj,
-                              "train/cls_loss": cls, "metrics/mAP_0.5": 1.0 / (1.0 + box),
-                              "x/lr0": 0.01, "epoch": epoch})
+            wandb_logger.log(
+                {
+                    "train/box_loss": box,
+                    "train/obj_loss": obj,
+                    "train/cls_loss": cls,
+                    "metrics/mAP_0.5": 1.0 / (1.0 + box),
+                    "x/lr0": 0.01,
+                    "epoch": epoch,
+                }
+            )
             wandb_logger.end_epoch()
             if epoch == 2:
                 probe.event("ready")

@@ -23,6 +23,7 @@ def current_run() -> Run | None:
     """This process's current, unfinished Run (never one inherited through fork)."""
     return _current.get()
 
+
 def _env_rank() -> int | None:
     """``RANK`` from the launcher, unless it was inherited from a parent that already used it."""
     value = os.environ.get("RANK")
@@ -82,8 +83,11 @@ def open_run(
     local = _init_keywords.take_local(kwargs)
     run = _open(rank, kwargs, config, reinit, first_caller_hosts)
     _init_keywords.unsupported_here(
-        run, local, "through wf.init does not act in this process: use wandb_funnel.install() "
-        "(or wandb-funnel run) and wandb.init")
+        run,
+        local,
+        "through wf.init does not act in this process: use wandb_funnel.install() "
+        "(or wandb-funnel run) and wandb.init",
+    )
     return run
 
 

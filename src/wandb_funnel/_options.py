@@ -33,8 +33,7 @@ __all__ = ["FunnelOptions", "PerRankRuns", "Topology"]
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(
-            f"wandb_funnel: {name} must be one of {', '.join(map(repr, choices))}, "
-            f"got {value!r}"
+            f"wandb_funnel: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}"
         )
     return value
 

@@ -46,25 +46,38 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run a command with wandb going through the funnel (no code change)",
     )
-    run.add_argument("--run-mode", choices=RUN_MODES,
-                     help="auto (default): one run, keys of several ranks reduced; shared: "
-                          "every rank's value as KEY/rankN; new: one run per rank")
-    run.add_argument("--reduce", action="append", metavar="[KEY=]REDUCER",
-                     help=f"a reducer ({', '.join(REDUCERS)}) for every key, or for one key "
-                          f"or glob; repeatable")
+    run.add_argument(
+        "--run-mode",
+        choices=RUN_MODES,
+        help="auto (default): one run, keys of several ranks reduced; shared: "
+        "every rank's value as KEY/rankN; new: one run per rank",
+    )
+    run.add_argument(
+        "--reduce",
+        action="append",
+        metavar="[KEY=]REDUCER",
+        help=f"a reducer ({', '.join(REDUCERS)}) for every key, or for one key or glob; repeatable",
+    )
     run.add_argument("--step-key", help="the x-axis key every row carries (global_step)")
     run.add_argument("--close-timeout", metavar="SECONDS", help="the most closing may take")
     run.add_argument("--start-timeout", metavar="SECONDS", help="the most opening may take")
-    run.add_argument("--reorder-window", metavar="SECONDS",
-                     help="how long a row waits for a straggling rank")
+    run.add_argument(
+        "--reorder-window", metavar="SECONDS", help="how long a row waits for a straggling rank"
+    )
     run.add_argument("--max-pending-rows", metavar="N")
     run.add_argument("--max-record-bytes", metavar="N")
-    run.add_argument("--rank-scope", choices=RANK_SCOPES,
-                     help="several nodes: one run for the job (global) or one per node (worker)")
+    run.add_argument(
+        "--rank-scope",
+        choices=RANK_SCOPES,
+        help="several nodes: one run for the job (global) or one per node (worker)",
+    )
     # The command, when it is not after `--`: everything from its first word on, untouched.
-    run.add_argument("command_words", nargs=argparse.REMAINDER, metavar="COMMAND",
-                     help="the command to run, with its arguments (after -- if it starts "
-                          "with a dash)")
+    run.add_argument(
+        "command_words",
+        nargs=argparse.REMAINDER,
+        metavar="COMMAND",
+        help="the command to run, with its arguments (after -- if it starts with a dash)",
+    )
     return run
 
 
@@ -88,8 +101,10 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(parser: argparse.ArgumentParser, args: argparse.Namespace, target: list[str]) -> int:
     if not target:
-        parser.error("no command: give it after the options (wandb-funnel run python train.py, "
-                     "or after --: wandb-funnel run -- python train.py)")
+        parser.error(
+            "no command: give it after the options (wandb-funnel run python train.py, "
+            "or after --: wandb-funnel run -- python train.py)"
+        )
     try:
         options = {**FunnelOptions.from_env(os.environ), **options_from_args(args)}
         FunnelOptions(**options)

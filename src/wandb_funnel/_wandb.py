@@ -17,8 +17,20 @@ _ID_ALPHABET = string.ascii_lowercase + string.digits
 ORIGINAL_ATTRIBUTE = "__wandb_funnel_original__"
 # What a worker's Run answers for wandb.Run's properties, as the logger's run has them.
 _RUN_INFO = (
-    "id", "name", "project", "entity", "dir", "url", "group", "job_type", "notes", "tags",
-    "offline", "resumed", "start_time", "sweep_id",
+    "id",
+    "name",
+    "project",
+    "entity",
+    "dir",
+    "url",
+    "group",
+    "job_type",
+    "notes",
+    "tags",
+    "offline",
+    "resumed",
+    "start_time",
+    "sweep_id",
 )
 
 
@@ -143,8 +155,10 @@ class WandbSink:
         _record_imports(self.run, (program or {}).get("imports"))
         # Set by the writer when a rank logs the step key itself: it is the user's key then.
         self.user_step_key = False
-        _footer_of_the_users_keys(self.run, lambda key: key.startswith("funnel/") or (
-            key == step_key and not self.user_step_key))
+        _footer_of_the_users_keys(
+            self.run,
+            lambda key: key.startswith("funnel/") or (key == step_key and not self.user_step_key),
+        )
 
     def log(self, row: dict[str, Any]) -> None:
         self.run.log(row)
@@ -260,8 +274,10 @@ def _footer_of_the_users_keys(run: Any, funnels: Callable[[str], bool]) -> None:
 
     def on_finish_for_the_users_footer() -> None:
         on_finish()
-        for response in (getattr(run, "_final_summary", None),
-                         getattr(run, "_sampled_history", None)):
+        for response in (
+            getattr(run, "_final_summary", None),
+            getattr(run, "_sampled_history", None),
+        ):
             if response is None:  # not fetched (a finish that failed): nothing is printed
                 continue
             try:

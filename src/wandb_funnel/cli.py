@@ -106,12 +106,19 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
         if stopping.is_set():
             abort_signal[0] = signal.Signals(signum)
             aborting.set()
-            print("aborting: killing the running iterations, then writing the table",
-                  file=sys.stderr, flush=True)
+            print(
+                "aborting: killing the running iterations, then writing the table",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         stopping.set()
-        print("stopping: finishing the running iterations, then writing the table "
-              "(again to abort them)", file=sys.stderr, flush=True)
+        print(
+            "stopping: finishing the running iterations, then writing the table "
+            "(again to abort them)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def next_job() -> tuple[Scenario, int, bool] | None:
         with lock:
@@ -137,29 +144,39 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
         try:
             it = run_iteration(scenario, index, runs_dir, it_seed, plain, aborting)
         except Exception as exc:  # before its job started (its directory): fails this one only
-            it = Iteration(scenario.name, index, it_seed, plain,
-                           problems=[f"harness error: {exc!r}"])
+            it = Iteration(
+                scenario.name, index, it_seed, plain, problems=[f"harness error: {exc!r}"]
+            )
         if it.aborted:
-            print(f"{scenario.name} #{index}: aborted (its job killed; not in the table)",
-                  flush=True)
+            print(
+                f"{scenario.name} #{index}: aborted (its job killed; not in the table)", flush=True
+            )
             if not args.keep:
                 shutil.rmtree(it.directory, ignore_errors=True)
             return it
         status = "ok" if it.ok else "FAILED: " + "; ".join(it.problems)
         if user:
-            fault = "" if not it.fault else (
-                f"fault at {it.fault_at_s}s, " if it.fault_done else "fault missed, ")
+            fault = (
+                ""
+                if not it.fault
+                else (f"fault at {it.fault_at_s}s, " if it.fault_done else "fault missed, ")
+            )
             exit_s = f"exit {it.exit_s}s after it, " if it.exit_s is not None else ""
-            balance = (f", sent {it.sent} logged {it.logged} lost {it.lost}"
-                       if it.probe_used else "")
-            print(f"{scenario.name} #{index}: owner exit {'hang' if it.hang else it.owner_exit}, "
-                  f"{fault}{exit_s}job {it.duration_s}s, run exit records {it.run_exits}, "
-                  f"dropped {it.dropped}{balance}; {status}", flush=True)
+            balance = f", sent {it.sent} logged {it.logged} lost {it.lost}" if it.probe_used else ""
+            print(
+                f"{scenario.name} #{index}: owner exit {'hang' if it.hang else it.owner_exit}, "
+                f"{fault}{exit_s}job {it.duration_s}s, run exit records {it.run_exits}, "
+                f"dropped {it.dropped}{balance}; {status}",
+                flush=True,
+            )
         else:
             kind = " (plain wandb)" if plain else ""
-            print(f"{scenario.name}{kind} #{index}: exit {it.owner_exit}, "
-                  f"{it.exit_s}s, sent {it.sent} logged {it.logged} dropped {it.dropped} "
-                  f"{status}", flush=True)
+            print(
+                f"{scenario.name}{kind} #{index}: exit {it.owner_exit}, "
+                f"{it.exit_s}s, sent {it.sent} logged {it.logged} dropped {it.dropped} "
+                f"{status}",
+                flush=True,
+            )
         if it.ok and not args.keep:
             shutil.rmtree(it.directory, ignore_errors=True)
         return it
@@ -210,8 +227,10 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
     print(report.text(rows, columns) if rows else "(no iterations)")
     failed = sum(row["failed"] for row in rows)
     killed = f", {aborted} aborted" if aborted else ""
-    print(f"\n{header['iterations']} iterations, {failed} failed{killed}; "
-          f"table in {out / 'soak.md'} and {out / 'soak.json'}")
+    print(
+        f"\n{header['iterations']} iterations, {failed} failed{killed}; "
+        f"table in {out / 'soak.md'} and {out / 'soak.json'}"
+    )
     if failed:
         return 1
     return 128 + abort_signal[0] if aborted else 0  # as a shell reports the signal's exit
@@ -219,53 +238,101 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
 
 def _soak_parser(sub: Any) -> argparse.ArgumentParser:
     soak: argparse.ArgumentParser = sub.add_parser(
-        "soak", usage=_USAGE, description=_DESCRIPTION, epilog=_faults_epilog(),
+        "soak",
+        usage=_USAGE,
+        description=_DESCRIPTION,
+        epilog=_faults_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="run a program (or a fault matrix) over and over with injected faults; report "
-             "hangs, exit codes and times, leftovers and what the runs recorded",
+        "hangs, exit codes and times, leftovers and what the runs recorded",
     )
-    soak.add_argument("--iterations", type=int, default=3, metavar="N",
-                      help="per fault or scenario (default 3)")
-    soak.add_argument("--minutes", type=float, default=0, metavar="M",
-                      help="run round-robin for this long instead of a fixed count")
-    soak.add_argument("--jobs", type=int, default=1, metavar="N",
-                      help="iterations run at once (default 1)")
-    soak.add_argument("--out", default="soak-results", metavar="DIR",
-                      help="directory for the table and the failed iterations' files "
-                           "(default soak-results)")
+    soak.add_argument(
+        "--iterations", type=int, default=3, metavar="N", help="per fault or scenario (default 3)"
+    )
+    soak.add_argument(
+        "--minutes",
+        type=float,
+        default=0,
+        metavar="M",
+        help="run round-robin for this long instead of a fixed count",
+    )
+    soak.add_argument(
+        "--jobs", type=int, default=1, metavar="N", help="iterations run at once (default 1)"
+    )
+    soak.add_argument(
+        "--out",
+        default="soak-results",
+        metavar="DIR",
+        help="directory for the table and the failed iterations' files (default soak-results)",
+    )
     soak.add_argument("--seed", default="", help="replay an earlier soak's randomness")
     soak.add_argument("--keep", action="store_true", help="keep passing iterations' files")
-    soak.add_argument("--list", action="store_true",
-                      help="list the faults (with --matrix: the scenarios) and exit")
-    soak.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
-                      help="a run still going this long after its start is a hang (default "
-                           "300 for a COMMAND, which must end well within it; with --matrix "
-                           "it replaces every scenario's own)")
+    soak.add_argument(
+        "--list",
+        action="store_true",
+        help="list the faults (with --matrix: the scenarios) and exit",
+    )
+    soak.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a run still going this long after its start is a hang (default "
+        "300 for a COMMAND, which must end well within it; with --matrix "
+        "it replaces every scenario's own)",
+    )
     user = soak.add_argument_group("a COMMAND (after --)")
-    user.add_argument("--fault", action="append", metavar="NAME",
-                      help="a fault to inject (see below); repeat to pick several "
-                           "(default: all)")
-    user.add_argument("--fault-after", type=_seconds_range, default=(2.0, 10.0),
-                      metavar="MIN:MAX",
-                      help="the fault lands a random MIN..MAX seconds after the start (after "
-                           "the probe's `ready` event if the program sends probe events; "
-                           "default 2:10)")
-    user.add_argument("--wait-ready", action="store_true",
-                      help="the program says `ready` through wandb_funnel.soak.probe: count "
-                           "--fault-after from there, always (kill-worker then kills only "
-                           "pids that said `worker`)")
-    user.add_argument("--grace", type=_seconds_range, default=(10.0, 10.0), metavar="MIN[:MAX]",
-                      help="seconds from SIGTERM to SIGKILL (preempt, scancel), and how long "
-                           "stall-wandb-core stops wandb-core (default 10)")
+    user.add_argument(
+        "--fault",
+        action="append",
+        metavar="NAME",
+        help="a fault to inject (see below); repeat to pick several (default: all)",
+    )
+    user.add_argument(
+        "--fault-after",
+        type=_seconds_range,
+        default=(2.0, 10.0),
+        metavar="MIN:MAX",
+        help="the fault lands a random MIN..MAX seconds after the start (after "
+        "the probe's `ready` event if the program sends probe events; "
+        "default 2:10)",
+    )
+    user.add_argument(
+        "--wait-ready",
+        action="store_true",
+        help="the program says `ready` through wandb_funnel.soak.probe: count "
+        "--fault-after from there, always (kill-worker then kills only "
+        "pids that said `worker`)",
+    )
+    user.add_argument(
+        "--grace",
+        type=_seconds_range,
+        default=(10.0, 10.0),
+        metavar="MIN[:MAX]",
+        help="seconds from SIGTERM to SIGKILL (preempt, scancel), and how long "
+        "stall-wandb-core stops wandb-core (default 10)",
+    )
     matrix = soak.add_argument_group("a fault matrix (--matrix)")
-    matrix.add_argument("--matrix", metavar="FILE",
-                        help="a Python file that defines SCENARIOS (this project's: "
-                             "soak/scenarios.py); its program names are relative to its "
-                             "PROGRAMS directory, or to the file itself")
-    matrix.add_argument("--scenario", action="append", metavar="NAME",
-                        help="a scenario name or glob; repeat to pick several (default: all)")
-    matrix.add_argument("--plain", type=int, default=1, metavar="N",
-                        help="runs of each public report's plain-wandb program (default 1)")
+    matrix.add_argument(
+        "--matrix",
+        metavar="FILE",
+        help="a Python file that defines SCENARIOS (this project's: "
+        "soak/scenarios.py); its program names are relative to its "
+        "PROGRAMS directory, or to the file itself",
+    )
+    matrix.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="a scenario name or glob; repeat to pick several (default: all)",
+    )
+    matrix.add_argument(
+        "--plain",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs of each public report's plain-wandb program (default 1)",
+    )
     return soak
 
 
@@ -275,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     target: list[str] = []
     if "--" in argv:  # everything after the first ``--`` is the user's command, untouched
         cut = argv.index("--")
-        argv, target = argv[:cut], argv[cut + 1:]
+        argv, target = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(prog="wandb-funnel")
     parser.add_argument("--version", action="version", version=f"wandb-funnel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -309,8 +376,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.matrix:
         if args.fault or args.wait_ready:
-            soak.error("--fault and --wait-ready are for a COMMAND; pick a matrix's scenarios "
-                       "with --scenario")
+            soak.error(
+                "--fault and --wait-ready are for a COMMAND; pick a matrix's scenarios "
+                "with --scenario"
+            )
         try:
             chosen = scenarios.select(scenarios.load_matrix(args.matrix), args.scenario)
         except ValueError as exc:
@@ -323,18 +392,24 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     else:
         if args.scenario:
-            soak.error("--scenario picks a matrix's scenarios (--matrix FILE); for a COMMAND "
-                       "use --fault")
+            soak.error(
+                "--scenario picks a matrix's scenarios (--matrix FILE); for a COMMAND use --fault"
+            )
         if args.list:
             for name, (_, summary) in scenarios.USER_FAULTS.items():
                 print(f"{name:17} {summary}")
             return 0
         if not target:
-            soak.error("nothing to run: give your program after -- (wandb-funnel soak -- "
-                       "python train.py) or a fault matrix (--matrix FILE)")
+            soak.error(
+                "nothing to run: give your program after -- (wandb-funnel soak -- "
+                "python train.py) or a fault matrix (--matrix FILE)"
+            )
         try:
             chosen = scenarios.user_matrix(
-                target, args.fault, fault_after=args.fault_after, grace=args.grace,
+                target,
+                args.fault,
+                fault_after=args.fault_after,
+                grace=args.grace,
                 deadline=300.0 if args.deadline is None else args.deadline,
                 wait_ready=args.wait_ready,
             )

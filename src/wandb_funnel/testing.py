@@ -98,8 +98,18 @@ class RunCapture:
         return only
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("rows", "config", "summary", "metrics", "console", "console_text",
-                    "stats", "exit_code", "init", "id"):
+        if name in (
+            "rows",
+            "config",
+            "summary",
+            "metrics",
+            "console",
+            "console_text",
+            "stats",
+            "exit_code",
+            "init",
+            "id",
+        ):
             return getattr(self.run, name)
         raise AttributeError(name)
 

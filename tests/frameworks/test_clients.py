@@ -30,8 +30,18 @@ NOT_USERS = {"_step", "_runtime", "_timestamp", "_wandb", "global_step"}
 # accelerate's own launcher; --multi_gpu is its torchrun path (the script asks for cpu=True
 # and gloo), while --cpu would start one process.
 ACCELERATE_LAUNCH = [
-    sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-    "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+    sys.executable,
+    "-m",
+    "accelerate.commands.launch",
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
 ]
 
 

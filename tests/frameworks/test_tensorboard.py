@@ -33,8 +33,13 @@ _EVENTS_FILE = re.compile(r"events\.out\.tfevents\.[^/]+$")
 
 def _run(scripts: Scripts, argv: list[str], env: dict[str, str]) -> list[WandbRun]:
     proc = subprocess.run(
-        argv, cwd=scripts.tmp_path, env=scripts.env(env), capture_output=True, text=True,
-        timeout=300, check=False,
+        argv,
+        cwd=scripts.tmp_path,
+        env=scripts.env(env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     tail = f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, tail
@@ -53,7 +58,7 @@ def columns(run: WandbRun, prefix: str = "", skip: tuple[str, ...] = ()) -> dict
         for key, value in row.items():
             if key in BOOKKEEPING or key == "global_step" or not key.startswith(prefix):
                 continue
-            name = key[len(prefix):]
+            name = key[len(prefix) :]
             if not name.startswith(skip):
                 out[name].append((row["global_step"], value))
     return {key: sorted(values) for key, values in out.items()}
@@ -100,8 +105,9 @@ VARIANTS: dict[str, Callable[[list[str]], tuple[list[str], dict[str, str]]]] = {
 _plain_runs: dict[str, list[WandbRun]] = {}
 
 
-def _plain(name: str, argv: list[str], env: dict[str, str],
-           factory: pytest.TempPathFactory) -> list[WandbRun]:
+def _plain(
+    name: str, argv: list[str], env: dict[str, str], factory: pytest.TempPathFactory
+) -> list[WandbRun]:
     if name not in _plain_runs:
         scripts = Scripts(factory.mktemp(f"plain-{name}"))
         _plain_runs[name] = _run(scripts, argv, env)
@@ -146,7 +152,8 @@ def test_every_rank_of_a_torchrun_job_writes_tensorboard_into_the_one_run(
         record for run in plain.values() for record in tbrecords(run)
     )
     assert [name.rsplit("/", 2)[-2:] for name in tfevents(funnel)] == [
-        ["rank0", "events"], ["rank1", "events"]
+        ["rank0", "events"],
+        ["rank1", "events"],
     ]
 
 
@@ -167,7 +174,6 @@ def test_stable_baselines3_ppo_under_wandb_funnel_run_matches_plain_wandb(
     assert steps == {key: [s for s, _ in values] for key, values in columns(plain).items()}
     assert "train/value_loss" in steps and "time/fps" in steps
     assert funnel.summary["funnel/records"] == 0  # SB3 never calls wandb.log: all came from tb
-
 
 
 @pytest.mark.parametrize(

@@ -23,10 +23,21 @@ def test_a_users_test_gets_every_row_without_wandb(scripts: Scripts) -> None:
     path = os.pathsep.join([str(poison.parent), os.environ.get("PYTHONPATH", "")])
     before = set(os.listdir(scripts.tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         str(PROGRAMS / "user_test_capture.py")],
-        cwd=scripts.tmp_path, env=scripts.env({"PYTHONPATH": path}),
-        capture_output=True, text=True, timeout=100, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(PROGRAMS / "user_test_capture.py"),
+        ],
+        cwd=scripts.tmp_path,
+        env=scripts.env({"PYTHONPATH": path}),
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout

@@ -20,8 +20,12 @@ def _torchrun(scripts: Scripts, *args: str) -> subprocess.CompletedProcess[str]:
     # wandb speaks as it does for a user (the tests' environment silences it elsewhere).
     return subprocess.run(
         [*TORCHRUN, str(PROGRAMS / "console.py"), *args],
-        cwd=scripts.tmp_path, env=scripts.env({"WANDB_SILENT": "false"}), capture_output=True,
-        text=True, timeout=200, check=False,
+        cwd=scripts.tmp_path,
+        env=scripts.env({"WANDB_SILENT": "false"}),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
     )
 
 
@@ -48,15 +52,20 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
     assert proc.returncode == 0, proc.stderr[-3000:]
     console = _console(run)
     for rank in (0, 1):
-        for text in (f"stdout line of rank {rank}\n", f"stderr line of rank {rank}\n",
-                     f"UserWarning: a warning of rank {rank}",
-                     f"WARNING train: a logging record of rank {rank}\n",
-                     f"progress 2/3 of rank {rank}\n"):
+        for text in (
+            f"stdout line of rank {rank}\n",
+            f"stderr line of rank {rank}\n",
+            f"UserWarning: a warning of rank {rank}",
+            f"WARNING train: a logging record of rank {rank}\n",
+            f"progress 2/3 of rank {rank}\n",
+        ):
             assert f"[rank {rank}] {text}" in console or text in console, (text, console)
-        mine = [line for line in console.replace("\r", "\n").splitlines()
-                if line.startswith(f"[rank {rank}] ")]
-        order = [i for i, line in enumerate(mine)
-                 if "stdout line" in line or "progress 2" in line]
+        mine = [
+            line
+            for line in console.replace("\r", "\n").splitlines()
+            if line.startswith(f"[rank {rank}] ")
+        ]
+        order = [i for i, line in enumerate(mine) if "stdout line" in line or "progress 2" in line]
         assert len(order) == 2 and order == sorted(order)
     assert "[rank 0] " not in proc.stdout and "stdout line of rank 0" in proc.stdout
     streams = {r["output_type"] for r in run.output_raw}
@@ -68,8 +77,9 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
     assert run.environment["program"] == plain.environment["program"]
     assert run.environment["program"].endswith("console.py")
     same = ("program", "code_path", "code_path_local", "executable", "python")
-    assert {k: run.environment.get(k) for k in same} == \
-        {k: plain.environment.get(k) for k in same}, (run.environment, plain.environment)
+    assert {k: run.environment.get(k) for k in same} == {
+        k: plain.environment.get(k) for k in same
+    }, (run.environment, plain.environment)
     assert run.environment["args"] == ["talk"] and plain.environment["args"] == ["talk", "--plain"]
     assert run.environment["root"] == str(scripts.tmp_path)  # the user's working directory
     missing = set(plain.record_types) - set(run.record_types)
@@ -91,9 +101,22 @@ def test_a_job_where_only_rank_0_calls_wandb_gets_plain_wandb_s_logs_and_system_
     plain_proc, plain = _run(Scripts(tmp_path_factory.mktemp("plain")), "talk", "--plain")
     assert plain_proc.returncode == 0, plain_proc.stderr[-3000:]
     proc = subprocess.run(
-        [sys.executable, "-m", "wandb_funnel", "run", "--", *TORCHRUN,
-         str(PROGRAMS / "console.py"), "talk", "--plain"],
-        cwd=scripts.tmp_path, capture_output=True, text=True, timeout=200, check=False,
+        [
+            sys.executable,
+            "-m",
+            "wandb_funnel",
+            "run",
+            "--",
+            *TORCHRUN,
+            str(PROGRAMS / "console.py"),
+            "talk",
+            "--plain",
+        ],
+        cwd=scripts.tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
         env=scripts.env({"WANDB_SILENT": "false", "WANDB_X_STATS_SAMPLING_INTERVAL": "0.5"}),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -133,8 +156,9 @@ def test_a_console_flood_is_bounded_and_every_line_counted(scripts: Scripts) -> 
     kept = console.count("[rank 1] flood ")
     dropped = run.summary["funnel/dropped_console_lines"]
     assert 0 < dropped < lines and kept + dropped == lines, (kept, dropped)
-    numbers = [int(line.split()[-1]) for line in console.splitlines()
-               if line.startswith("[rank 1] flood ")]
+    numbers = [
+        int(line.split()[-1]) for line in console.splitlines() if line.startswith("[rank 1] flood ")
+    ]
     assert numbers == sorted(numbers)  # what is kept stays in order
     assert proc.stdout.count("flood ") == lines  # the terminal got every line
 
@@ -149,8 +173,12 @@ def test_every_ranks_system_metrics_carry_its_label(scripts: Scripts) -> None:
     for rank in (0, 1):
         mine = {k.split("/l:")[0] for k in keys if f"/l:rank{rank}-" in k}
         assert {"cpu", "proc.memory.rssMB", "proc.memory.percent", "proc.cpu.threads"} <= mine
-    rss = [v for item in run.stats for k, v in item.items()
-           if k.startswith("proc.memory.rssMB/l:rank1-")]
+    rss = [
+        v
+        for item in run.stats
+        for k, v in item.items()
+        if k.startswith("proc.memory.rssMB/l:rank1-")
+    ]
     assert rss and all(10 < v < 10_000 for v in rss)  # a Python process with torch loaded
     # wandb-core's own, unlabelled, of the process that called wandb.init (rank 0, which
     # hosts), as plain wandb in rank 0 gives them; not the logger's (about 70 MB).

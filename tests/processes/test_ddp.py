@@ -27,8 +27,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun(scripts: Scripts, args: list[str], nproc: int, nnodes: int = 1,
-             timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
+def torchrun(
+    scripts: Scripts, args: list[str], nproc: int, nnodes: int = 1, timeout: float = 120
+) -> list[subprocess.CompletedProcess[str]]:
     """Run the DDP scenario under real torchrun: ``nnodes`` torchrun invocations against one
     localhost master, each in a process group of its own."""
     port = _free_port()
@@ -38,13 +39,27 @@ def torchrun(scripts: Scripts, args: list[str], nproc: int, nnodes: int = 1,
         if nnodes == 1:
             cmd += ["--standalone"]
         else:
-            cmd += ["--nnodes", str(nnodes), "--node-rank", str(node),
-                    "--master-addr", "127.0.0.1", "--master-port", str(port)]
-        procs.append(subprocess.Popen(
-            [*cmd, str(DDP), *args, "--steps", str(STEPS)], cwd=scripts.tmp_path,
-            env=scripts.env(),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        ))
+            cmd += [
+                "--nnodes",
+                str(nnodes),
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+            ]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, str(DDP), *args, "--steps", str(STEPS)],
+                cwd=scripts.tmp_path,
+                env=scripts.env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     t0 = time.monotonic()
     results = []
     for proc in procs:
@@ -69,12 +84,19 @@ def expected_loss(rank: int, step: int) -> float:
         ("shared", "global", {"base": ("", [0, 1])}),
         ("shared", "worker", {"base-worker-0": ("", [0]), "base-worker-1": ("", [1])}),
         ("new", "global", {"base-rank-0": ("base", [0]), "base-rank-1": ("base", [1])}),
-        ("new", "worker", {"base-worker-0-rank-0": ("base-worker-0", [0]),
-                           "base-worker-1-rank-0": ("base-worker-1", [1])}),
+        (
+            "new",
+            "worker",
+            {
+                "base-worker-0-rank-0": ("base-worker-0", [0]),
+                "base-worker-1-rank-0": ("base-worker-1", [1]),
+            },
+        ),
     ],
 )
-def test_mode_scope_matrix_on_two_nodes(scripts: Scripts, mode: str, scope: str,
-                                        runs: dict[str, tuple[str, list[int]]]) -> None:
+def test_mode_scope_matrix_on_two_nodes(
+    scripts: Scripts, mode: str, scope: str, runs: dict[str, tuple[str, list[int]]]
+) -> None:
     """Two "nodes" (two torchrun invocations, --nnodes 2, localhost master), one rank each:
     the job gets exactly the runs of the Flyte table, with their ids, groups, keys, values,
     step order and exit code 0."""
@@ -157,10 +179,26 @@ def test_sigterm_to_torchrun_drains_and_finishes(scripts: Scripts) -> None:
     """SIGTERM to torchrun (a scheduler stopping the job): the workers get SIGTERM, the
     logger drains and finishes the run within torchrun's grace period, exit code 143."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", str(DDP), "auto", "global", "slow", "--steps", str(STEPS)],
-        cwd=scripts.tmp_path, env=scripts.env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(DDP),
+            "auto",
+            "global",
+            "slow",
+            "--steps",
+            str(STEPS),
+        ],
+        cwd=scripts.tmp_path,
+        env=scripts.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     t0 = time.monotonic()
     wait_for_report(proc, "ready", timeout=90)
@@ -196,9 +234,24 @@ def test_ddp_example_trains_and_logs(scripts: Scripts) -> None:
     in order, an eval accuracy row per epoch, exit code 0."""
     example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(example), "--epochs", "2", "--id", "digits"],
-        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(example),
+            "--epochs",
+            "2",
+            "--id",
+            "digits",
+        ],
+        cwd=scripts.tmp_path,
+        env=scripts.env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
         check=False,  # its stderr shows in the failure below
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -117,8 +117,9 @@ def test_funnel_run_takes_the_command_without_dashes_and_the_tool_has_a_version(
     assert proc.stdout.strip() == """['--x', '--', '-y'] {"reduce": {"loss": "max"}}"""
     none = _cli(scripts, [])
     assert none.returncode == 2 and "no command" in none.stderr
-    version = subprocess.run([*FUNNEL_RUN[:-1], "--version"], capture_output=True, text=True,
-                             timeout=60, check=False)
+    version = subprocess.run(
+        [*FUNNEL_RUN[:-1], "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
     from wandb_funnel._version import __version__
 
     assert version.returncode == 0 and version.stdout.strip() == f"wandb-funnel {__version__}"
@@ -130,11 +131,20 @@ def test_a_users_own_global_step_is_kept_as_plain_wandb_keeps_it(
 ) -> None:
     """``log({"global_step": 1000 * (i + 1), ...})`` reads back 1000, 2000, ... as with plain
     wandb (issue 23: the funnel wrote its own step, 0, 1, 2, over it, and said nothing)."""
-    command = [*(TORCHRUN if launch == "torchrun" else [sys.executable]),
-               str(PROGRAMS / "user_global_step.py")]
+    command = [
+        *(TORCHRUN if launch == "torchrun" else [sys.executable]),
+        str(PROGRAMS / "user_global_step.py"),
+    ]
     plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
-    plain = subprocess.run(command, cwd=plain_scripts.tmp_path, env=plain_scripts.env(),
-                           capture_output=True, text=True, timeout=200, check=False)
+    plain = subprocess.run(
+        command,
+        cwd=plain_scripts.tmp_path,
+        env=plain_scripts.env(),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
     assert plain.returncode == 0, plain.stderr[-4000:]
     funnel = _cli(scripts, command)
     assert funnel.returncode == 0, funnel.stderr[-4000:]
@@ -146,8 +156,7 @@ def test_a_users_own_global_step_is_kept_as_plain_wandb_keeps_it(
     assert [v for _, v in funnel_run.column("global_step")] == expected
 
     def rows(run: WandbRun) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if not k.startswith(("_", "t_"))}
-                for r in run.history]
+        return [{k: v for k, v in r.items() if not k.startswith(("_", "t_"))} for r in run.history]
 
     assert rows(funnel_run) == rows(plain_run)
     assert funnel.stderr.count("its own 'global_step'") == 1, funnel.stderr[-4000:]

@@ -40,7 +40,8 @@ def test_the_logger_process_exits_with_the_runs_exit_code(scripts: Scripts, code
 
 
 @pytest.mark.parametrize(
-    ("ending", "code"), [("pass", 0), ("raise", 1), ("exit", 3)]  # raise ValueError; sys.exit(3)
+    ("ending", "code"),
+    [("pass", 0), ("raise", 1), ("exit", 3)],  # raise ValueError; sys.exit(3)
 )
 def test_no_close_atexit(scripts: Scripts, ending: str, code: int) -> None:
     """Without close(), interpreter exit drains and finishes the run with the right code."""

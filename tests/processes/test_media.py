@@ -23,8 +23,9 @@ BOOKKEEPING = ("_", "funnel/", "global_step")
 def _run(scripts: Scripts, *args: str) -> tuple[dict[str, Any], WandbRun, pathlib.Path]:
     scratch = scripts.tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
-    result = scripts.run_file(MEDIA, list(args), timeout=200,
-                              extra_env={"MEDIA_SCRATCH": str(scratch)})
+    result = scripts.run_file(
+        MEDIA, list(args), timeout=200, extra_env={"MEDIA_SCRATCH": str(scratch)}
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     assert not result.leftovers, result.leftovers
     run = only_run(scripts.wandb_dir)
@@ -35,15 +36,15 @@ def _run(scripts: Scripts, *args: str) -> tuple[dict[str, Any], WandbRun, pathli
 def _media_cells(run: WandbRun) -> list[dict[str, Any]]:
     """Each history row's media fields (``key.field``), without wandb's per-run artifact ids."""
     return [
-        {k: v for k, v in row.items()
-         if not k.startswith(BOOKKEEPING) and "artifact_path" not in k}
+        {k: v for k, v in row.items() if not k.startswith(BOOKKEEPING) and "artifact_path" not in k}
         for row in run.history
     ]
 
 
 def _files(run_dir: pathlib.Path) -> list[str]:
-    return sorted(str(p.relative_to(run_dir)) for p in (run_dir / "media").rglob("*")
-                  if p.is_file())
+    return sorted(
+        str(p.relative_to(run_dir)) for p in (run_dir / "media").rglob("*") if p.is_file()
+    )
 
 
 def test_wandbs_media_through_install_are_recorded_as_plain_wandb_records_them(
@@ -54,8 +55,9 @@ def test_wandbs_media_through_install_are_recorded_as_plain_wandb_records_them(
     install(): the same history fields and values (file names carry the content hash, so
     equal names are equal files), the same media files, the same chart config."""
     _, funnel, funnel_dir = _run(scripts, "wandb-objects-run")
-    _, plain, plain_dir = _run(Scripts(tmp_path_factory.mktemp("plain")),
-                               "wandb-objects-run", "--plain")
+    _, plain, plain_dir = _run(
+        Scripts(tmp_path_factory.mktemp("plain")), "wandb-objects-run", "--plain"
+    )
     assert funnel.summary["funnel/records"] == 2 and funnel.summary["funnel/dropped_media"] == 0
     got, want = _media_cells(funnel), _media_cells(plain)
     assert len(got) == len(want) == 2
@@ -63,19 +65,32 @@ def test_wandbs_media_through_install_are_recorded_as_plain_wandb_records_them(
     # once and points every chart at that file; through the funnel each chart carries its own
     # copy, so each has its own (identical) file.
     shared = {"bar_table.path", "scatter_table.path", "histogram_chart_table.path"}
-    assert {k: v for k, v in got[0].items() if k not in shared} == \
-        {k: v for k, v in want[0].items() if k not in shared}
+    assert {k: v for k, v in got[0].items() if k not in shared} == {
+        k: v for k, v in want[0].items() if k not in shared
+    }
     assert got[1] == want[1]
     for key in shared:
         assert got[0][key] == want[0][key].replace("line_table", key.split(".")[0])
-    kinds = {k[: -len("._type")]: v for k, v in got[0].items()
-             if k.endswith("._type") and k.count(".") == 1}
+    kinds = {
+        k[: -len("._type")]: v
+        for k, v in got[0].items()
+        if k.endswith("._type") and k.count(".") == 1
+    }
     assert kinds == {
-        "image": "image-file", "image_path": "image-file", "images": "images/separated",
-        "table": "table-file", "hist": "histogram", "hist_np": "histogram", "html": "html-file",
-        "audio": "audio-file", "video": "video-file", "line_table": "table-file",
-        "scatter_table": "table-file", "bar_table": "table-file",
-        "histogram_chart_table": "table-file", "confusion_table": "table-file",
+        "image": "image-file",
+        "image_path": "image-file",
+        "images": "images/separated",
+        "table": "table-file",
+        "hist": "histogram",
+        "hist_np": "histogram",
+        "html": "html-file",
+        "audio": "audio-file",
+        "video": "video-file",
+        "line_table": "table-file",
+        "scatter_table": "table-file",
+        "bar_table": "table-file",
+        "histogram_chart_table": "table-file",
+        "confusion_table": "table-file",
     }
     assert got[0]["image.boxes.predictions._type"] == "boxes2D"
     assert got[0]["image.masks.segmentation._type"] == "mask"
@@ -86,8 +101,9 @@ def test_wandbs_media_through_install_are_recorded_as_plain_wandb_records_them(
     assert _files(funnel_dir) == sorted(plain_files + copies)
     assert len(plain_files) == 12  # 4 images, a mask, boxes, audio, video, html, 3 tables
     visualize = {k: v for k, v in funnel.config.items() if k.startswith("_wandb.visualize")}
-    assert visualize and visualize == {k: v for k, v in plain.config.items()
-                                       if k.startswith("_wandb.visualize")}
+    assert visualize and visualize == {
+        k: v for k, v in plain.config.items() if k.startswith("_wandb.visualize")
+    }
 
 
 def test_the_light_types_are_recorded_exactly_as_wandbs_classes(
@@ -96,8 +112,7 @@ def test_the_light_types_are_recorded_exactly_as_wandbs_classes(
     """wf.Image (array, grayscale, file), wf.Table with wf.Image cells and wf.Histogram give
     the very records wandb.Image/Table/Histogram give plain wandb: same fields, same hashes."""
     _, funnel, funnel_dir = _run(scripts, "light-types")
-    _, plain, plain_dir = _run(Scripts(tmp_path_factory.mktemp("plain")), "light-types",
-                               "--plain")
+    _, plain, plain_dir = _run(Scripts(tmp_path_factory.mktemp("plain")), "light-types", "--plain")
     got = _media_cells(funnel)
     assert got == _media_cells(plain)
     assert got[0]["image._type"] == "image-file" and got[0]["table.nrows"] == 3
@@ -129,8 +144,11 @@ def test_every_ranks_table_becomes_one_table_and_ranks_never_import_wandb(
         if run_mode == "auto":
             assert row["sample.caption"] == "rank 0" and "sample/rank1._type" not in row
         else:
-            assert [row[f"sample/rank{r}.caption"] for r in range(3)] == \
-                ["rank 0", "rank 1", "rank 2"]
+            assert [row[f"sample/rank{r}.caption"] for r in range(3)] == [
+                "rank 0",
+                "rank 1",
+                "rank 2",
+            ]
             assert row["preds/rank1.nrows"] == 2 and row["hist/rank2.values"] == [2, 1, 2]
     images = [f for f in _files(run_dir) if f.startswith("media/images/")]
     assert len(images) == (2 if run_mode == "auto" else 6)
@@ -166,9 +184,24 @@ def test_the_mnist_predictions_example_holds_one_table_of_both_ranks_rows(
     example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "mnist_predictions.py"
     rows = 25
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(example), "--epochs", "1", "--rows", str(rows)],
-        cwd=scripts.tmp_path, env=scripts.env(), capture_output=True, text=True, timeout=200,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(example),
+            "--epochs",
+            "1",
+            "--rows",
+            str(rows),
+        ],
+        cwd=scripts.tmp_path,
+        env=scripts.env(),
+        capture_output=True,
+        text=True,
+        timeout=200,
         check=False,  # its stderr shows in the failure below
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -189,8 +222,11 @@ def test_the_mnist_predictions_example_holds_one_table_of_both_ranks_rows(
 
 def _artifacts(run: WandbRun) -> dict[str, tuple[Any, ...]]:
     return {
-        a["name"]: (a["type"], sorted(a.get("aliases", [])),
-                    sorted(c["path"] for c in a["manifest"]["contents"]))
+        a["name"]: (
+            a["type"],
+            sorted(a.get("aliases", [])),
+            sorted(c["path"] for c in a["manifest"]["contents"]),
+        )
         for a in run.artifacts
     }
 
@@ -203,23 +239,31 @@ def test_watch_artifacts_and_save_from_any_rank_as_plain_wandb_records_them(
     artifact records (name, type, aliases, entries) and saved files; a spawned child's
     artifacts and saved file land in the same run."""
     seen, funnel, funnel_dir = _run(scripts, "files-and-watch")
-    _, plain, plain_dir = _run(Scripts(tmp_path_factory.mktemp("plain")), "files-and-watch",
-                               "--plain")
+    _, plain, plain_dir = _run(
+        Scripts(tmp_path_factory.mktemp("plain")), "files-and-watch", "--plain"
+    )
     assert seen["child_exit"] == 0
 
     def watched(run: WandbRun) -> list[list[str]]:
-        return [sorted(k for k in row if k.startswith(("gradients/", "parameters/")))
-                for row in run.history]
+        return [
+            sorted(k for k in row if k.startswith(("gradients/", "parameters/")))
+            for row in run.history
+        ]
 
     assert watched(funnel) == watched(plain)
     assert "gradients/0.weight._type" in watched(plain)[1]
-    assert [row.get("gradients/0.weight.values") for row in funnel.history] == \
-        [row.get("gradients/0.weight.values") for row in plain.history]
+    assert [row.get("gradients/0.weight.values") for row in funnel.history] == [
+        row.get("gradients/0.weight.values") for row in plain.history
+    ]
     owner = {k: v for k, v in _artifacts(funnel).items() if k.endswith("-owner")}
-    assert owner == _artifacts(plain) == {
-        "dataset-owner": ("dataset", ["latest"], ["a.txt", "sub/b.txt"]),
-        "model-owner": ("model", ["best", "latest"], ["weights.txt"]),
-    }
+    assert (
+        owner
+        == _artifacts(plain)
+        == {
+            "dataset-owner": ("dataset", ["latest"], ["a.txt", "sub/b.txt"]),
+            "model-owner": ("model", ["best", "latest"], ["weights.txt"]),
+        }
+    )
     assert _artifacts(funnel)["dataset-child"] == ("dataset", ["latest"], ["a.txt", "sub/b.txt"])
     assert (funnel_dir / "ck-owner" / "w.bin").read_text() == "weights of owner"
     assert (funnel_dir / "ck-child" / "w.bin").read_text() == "weights of child"

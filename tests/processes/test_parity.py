@@ -38,8 +38,13 @@ def _run(scripts: Scripts, variant: str, *args: str) -> Result:
     # wandb speaks as it does for a user (the tests' environment silences it elsewhere).
     env = {"WANDB_SILENT": "false", "WANDB_X_STATS_SAMPLING_INTERVAL": "0.5"}
     proc = subprocess.run(
-        [*VARIANTS[variant], *args], cwd=scripts.tmp_path, env=scripts.env(env),
-        capture_output=True, text=True, timeout=200, check=False,
+        [*VARIANTS[variant], *args],
+        cwd=scripts.tmp_path,
+        env=scripts.env(env),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert leftover_processes(scripts.mark) == []
@@ -115,8 +120,10 @@ def test_a_one_process_script_s_run_is_plain_wandb_s_where_a_user_looks(
 
     # c. The System tab: the unlabelled proc.* series are the script's process (it holds
     # 300 MB; the logger holds about 70), and no labelled copy of it repeats them.
-    assert max(_rss(plain.run)) > 300 and max(_rss(funnel.run)) > 300, \
-        (_rss(plain.run), _rss(funnel.run))
+    assert max(_rss(plain.run)) > 300 and max(_rss(funnel.run)) > 300, (
+        _rss(plain.run),
+        _rss(funnel.run),
+    )
     assert not [k for item in funnel.run.stats for k in item if "/l:" in k]
 
     # d. The terminal: wandb's banners once, and no notice about a shared wandb-core.
@@ -140,9 +147,12 @@ def test_a_one_process_script_s_run_is_plain_wandb_s_where_a_user_looks(
     # (it was the logger's, a second or more later). The runtime is wandb-core's own clock,
     # from the logger's init: present here (the script runs 2.5 s), shorter than plain's by
     # the logger's start (README, "Known limits").
-    assert _starts_early(plain) and _starts_early(funnel), (plain.times, funnel.times,
-                                                            plain.run.start_time,
-                                                            funnel.run.start_time)
+    assert _starts_early(plain) and _starts_early(funnel), (
+        plain.times,
+        funnel.times,
+        plain.run.start_time,
+        funnel.run.start_time,
+    )
     assert plain.run.runtime is not None and funnel.run.runtime is not None
 
 
@@ -167,11 +177,24 @@ def test_the_footer_shows_a_users_own_global_step_as_plain_wandb_does(
     command = [sys.executable, str(PROGRAMS / "user_global_step.py")]
     env = {"WANDB_SILENT": "false"}
     plain_scripts = Scripts(tmp_path_factory.mktemp("plain-step"))
-    plain = subprocess.run(command, cwd=plain_scripts.tmp_path, env=plain_scripts.env(env),
-                           capture_output=True, text=True, timeout=200, check=False)
-    funnel = subprocess.run(VARIANTS["run"][:-2] + command, cwd=scripts.tmp_path,
-                            env=scripts.env(env), capture_output=True, text=True, timeout=200,
-                            check=False)
+    plain = subprocess.run(
+        command,
+        cwd=plain_scripts.tmp_path,
+        env=plain_scripts.env(env),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    funnel = subprocess.run(
+        VARIANTS["run"][:-2] + command,
+        cwd=scripts.tmp_path,
+        env=scripts.env(env),
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
     assert plain.returncode == 0 and funnel.returncode == 0, funnel.stderr[-3000:]
     assert only_run(scripts.wandb_dir).summary["funnel/records"] == 6
     assert leftover_processes(scripts.mark) == []

@@ -90,8 +90,11 @@ def test_tcp_clients_without_the_jobs_keys_are_refused_and_counted(scripts: Scri
     assert res.leftovers == []
     info = reports(res.stdout)
     assert info["tcp"].startswith("tcp://127.0.0.1:")
-    assert info["answered"] == {"no_curve": False, "own_key_pair": False,
-                                "another_jobs_keys": False}
+    assert info["answered"] == {
+        "no_curve": False,
+        "own_key_pair": False,
+        "another_jobs_keys": False,
+    }
     assert info["code"] == 0
     stats = info["stats"]
     assert stats["funnel/rejected_peers"] == info["attempts"] == 6
@@ -127,8 +130,12 @@ def test_another_job_cannot_reach_this_funnel(scripts: Scripts, tmp_path: pathli
             SECURITY,
             ["job-b", "--nobody", str(NOBODY)],
             timeout=150,
-            extra_env={**env, "JOB_A_ADDRESS": a["address"], "JOB_A_TOKEN": a["token"],
-                       "JOB_A_PID": str(a["pid"])},
+            extra_env={
+                **env,
+                "JOB_A_ADDRESS": a["address"],
+                "JOB_A_TOKEN": a["token"],
+                "JOB_A_PID": str(a["pid"]),
+            },
         )
         flag.touch()
         res_a = job_a.finish(proc_a, timeout=90, t0=t0)

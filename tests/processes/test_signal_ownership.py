@@ -106,8 +106,7 @@ def test_signal_ownership(
         wandb_dir = scripts.tmp_path / f"attempt{attempt}"
         wandb_dir.mkdir()
         scripts.wandb_dir = wandb_dir
-        args = ["--role", role, "--handler", handler, "--when", when, "--land", land,
-                "--sig", sig]
+        args = ["--role", role, "--handler", handler, "--when", when, "--land", land, "--sig", sig]
         if role == "worker":
             args += ["--method", method]
         res = scripts.run_file(PROGRAM, args, timeout=90)

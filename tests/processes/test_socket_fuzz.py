@@ -44,8 +44,15 @@ def test_logger_survives_and_counts_100k_fuzzed_frames(scripts: Scripts) -> None
     hello/close), the worker's records all land, and a worker started afterwards lands too."""
     res = scripts.run_file(
         SOCKET_FUZZ,
-        ["unknown-peers", "--frames", str(FRAMES), "--chunks", str(CHUNKS),
-         "--max-record-bytes", str(MAX_RECORD_BYTES)],
+        [
+            "unknown-peers",
+            "--frames",
+            str(FRAMES),
+            "--chunks",
+            str(CHUNKS),
+            "--max-record-bytes",
+            str(MAX_RECORD_BYTES),
+        ],
         timeout=220,
     )
     assert res.returncode == 0, res.stderr[-6000:]
@@ -101,6 +108,7 @@ def test_logger_survives_and_counts_100k_fuzzed_frames(scripts: Scripts) -> None
 # rank, its exit code counts; welcome/ack/done from a client are junk), so the counts are
 # asserted exactly, and every record the logger took in must be written or counted as dropped.
 KNOWN_FRAMES = 20_000
+
 
 @pytest.mark.timeout(180)
 def test_logger_survives_fuzzed_frames_from_a_peer_that_said_hello(scripts: Scripts) -> None:

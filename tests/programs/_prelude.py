@@ -44,13 +44,13 @@ def option(*flags: str, **kwargs: Any) -> Option:
 class Scenarios:
     """A program's scenarios, one sub-command each (named after the function, ``_`` -> ``-``).
 
-        scenario = Scenarios(__doc__)
+    scenario = Scenarios(__doc__)
 
-        @scenario(option("--method", choices=["spawn", "fork"], required=True))
-        def child_logs(args: argparse.Namespace) -> None: ...
+    @scenario(option("--method", choices=["spawn", "fork"], required=True))
+    def child_logs(args: argparse.Namespace) -> None: ...
 
-        if __name__ == "__main__":
-            scenario.main()
+    if __name__ == "__main__":
+        scenario.main()
     """
 
     def __init__(self, description: str | None) -> None:

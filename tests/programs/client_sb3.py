@@ -18,8 +18,15 @@ def main() -> None:
     config = {"policy_type": policy, "total_timesteps": timesteps, "env_id": env_id}
     run = wandb.init(project="sb3", name="ppo-cartpole", config=config, sync_tensorboard=True)
     model = PPO(
-        policy, env_id, n_steps=64, batch_size=32, n_epochs=2,
-        seed=0, device="cpu", verbose=0, tensorboard_log=f"runs/{run.id}",
+        policy,
+        env_id,
+        n_steps=64,
+        batch_size=32,
+        n_epochs=2,
+        seed=0,
+        device="cpu",
+        verbose=0,
+        tensorboard_log=f"runs/{run.id}",
     )
     model.learn(total_timesteps=timesteps)
     run.finish()

@@ -54,12 +54,15 @@ def log_media(run: wf.Run, rank: int, step: int) -> None:
     import wandb
 
     pixels = np.full((8, 8, 3), 30 * rank, dtype=np.uint8)
-    run.log({
-        "img": wf.Image(pixels, caption=f"rank {rank}"),
-        "wimg": wandb.Image(pixels + 1, caption=f"wandb rank {rank}"),
-        "table": wf.Table(columns=["who", "img"], data=[[rank, wf.Image(pixels)]]),
-        "hist": wf.Histogram(np_histogram=([rank, 1], [0.0, 1.0, 2.0])),
-    }, step=step)
+    run.log(
+        {
+            "img": wf.Image(pixels, caption=f"rank {rank}"),
+            "wimg": wandb.Image(pixels + 1, caption=f"wandb rank {rank}"),
+            "table": wf.Table(columns=["who", "img"], data=[[rank, wf.Image(pixels)]]),
+            "hist": wf.Histogram(np_histogram=([rank, 1], [0.0, 1.0, 2.0])),
+        },
+        step=step,
+    )
     stager = run._stager
     assert stager is not None
     report(**{f"media_over_{rank}": "files" if stager.directory else "bytes"})
@@ -80,8 +83,14 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     # A wide window: 4 ranks on 2 CI cores can be descheduled for seconds, and these tests are
     # about what is merged, not about how long a straggler may hold rows (tested elsewhere).
-    run = wf.init(project="t", id="base", run_mode=args.mode, rank_scope=args.scope,
-                  reduce={"tput": "sum", "table": "concat", "hist": "merge"}, reorder_window=30)
+    run = wf.init(
+        project="t",
+        id="base",
+        run_mode=args.mode,
+        rank_scope=args.scope,
+        reduce={"tput": "sum", "table": "concat", "hist": "merge"},
+        reorder_window=30,
+    )
     # As a DDP training step would (its allreduce): no rank logs before every rank attached.
     # The merge at step 0 is promised for ranks that synchronise after init; without this,
     # rank 0 on a loaded box logged all its steps and finished the run before ranks 2 and 3

@@ -46,15 +46,40 @@ class StrSub(str):  # noqa: SLOT000  (a plain subclass, as a user would write on
 # Values log() takes (numpy scalars and 0-d arrays and tensors become numbers; subclasses of
 # the plain types pass) and values it must refuse (TypeError or ValueError).
 GOOD_ODD: list[Any] = [
-    FloatSub(2.5), StrSub("s"), collections.OrderedDict(a=1), np.float32(1.5),
-    np.float16(-0.5), np.int8(-3), np.int64(2**62), np.uint64(2**64 - 1), np.bool_(True),
-    np.str_("np"), np.array(2.0), np.array(7), np.float64("nan"),
+    FloatSub(2.5),
+    StrSub("s"),
+    collections.OrderedDict(a=1),
+    np.float32(1.5),
+    np.float16(-0.5),
+    np.int8(-3),
+    np.int64(2**62),
+    np.uint64(2**64 - 1),
+    np.bool_(True),
+    np.str_("np"),
+    np.array(2.0),
+    np.array(7),
+    np.float64("nan"),
 ]
 BAD_ODD: list[Any] = [
-    object(), Opaque(), {1, 2}, frozenset([3]), complex(1, 2), decimal.Decimal("1.5"),
-    fractions.Fraction(1, 3), datetime.datetime(2024, 1, 1), datetime.timedelta(1), range(3),
-    Ellipsis, len, b"raw", bytearray(b"raw"), memoryview(b"raw"),
-    types.MappingProxyType({"k": 1}), np.zeros(3), np.zeros((2, 2)), np.array([]),
+    object(),
+    Opaque(),
+    {1, 2},
+    frozenset([3]),
+    complex(1, 2),
+    decimal.Decimal("1.5"),
+    fractions.Fraction(1, 3),
+    datetime.datetime(2024, 1, 1),
+    datetime.timedelta(1),
+    range(3),
+    Ellipsis,
+    len,
+    b"raw",
+    bytearray(b"raw"),
+    memoryview(b"raw"),
+    types.MappingProxyType({"k": 1}),
+    np.zeros(3),
+    np.zeros((2, 2)),
+    np.array([]),
     np.datetime64("2024-01-01"),
 ]
 try:  # torch is optional for the package; the test extras pin the CPU build
@@ -70,12 +95,18 @@ else:
 text = st.text(max_size=20)
 keys = st.one_of(
     text.map(lambda s: s[:12]),
-    st.sampled_from(["", " ", "global_step", "_step", "_runtime", "a.b", "a/b", "é", "\x00",
-                     "k" * 300, "loss"]),
+    st.sampled_from(
+        ["", " ", "global_step", "_step", "_runtime", "a.b", "a/b", "é", "\x00", "k" * 300, "loss"]
+    ),
 )
 bad_keys = st.one_of(
-    st.integers(-3, 3), st.none(), st.booleans(), st.floats(allow_nan=False),
-    st.binary(max_size=3), st.tuples(st.integers(0, 2)), st.just(StrSub("sub")),
+    st.integers(-3, 3),
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.binary(max_size=3),
+    st.tuples(st.integers(0, 2)),
+    st.just(StrSub("sub")),
 )
 good_scalars = st.one_of(
     st.none(),
@@ -122,7 +153,10 @@ any_datas = st.one_of(
     st.dictionaries(keys, any_values, max_size=6),
     st.dictionaries(st.one_of(keys, bad_keys), good_values, min_size=1, max_size=4),
     # not a dict at all
-    st.lists(good_values, max_size=3), st.none(), st.text(max_size=5), st.integers(),
+    st.lists(good_values, max_size=3),
+    st.none(),
+    st.text(max_size=5),
+    st.integers(),
     st.sampled_from(BAD_ODD),
 )
 valid_steps = st.one_of(
@@ -209,31 +243,47 @@ def main() -> None:
     # The x-axis key is one no fuzzed key can be (longer than any text key drawn): a rank's
     # own step key is the user's and is kept (issue 23), so "global_step", which the fuzz
     # logs, would not name every row's step.
-    with wf.Funnel(project="t", max_record_bytes=args.max_record_bytes,
-                   step_key=STEP_KEY) as funnel:
+    with wf.Funnel(
+        project="t", max_record_bytes=args.max_record_bytes, step_key=STEP_KEY
+    ) as funnel:
         run = funnel.run
 
         # Two searches: one over input that is valid but for its size (most calls are
         # accepted: their records must all land), one over anything at all (most refused).
         @seed(20240601)
-        @settings(max_examples=log_examples // 2, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=log_examples // 2,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(st.sampled_from(["wf.log", "Run.log"]), valid_datas, valid_steps, valid_commits)
         def fuzz_valid_log(via: str, data: Any, step: Any, commit: Any) -> None:
             call_log(run, via, data, step, commit)
 
         @seed(20240602)
-        @settings(max_examples=log_examples // 2, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=log_examples // 2,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(st.sampled_from(["wf.log", "Run.log"]), any_datas, any_steps, any_commits)
         def fuzz_any_log(via: str, data: Any, step: Any, commit: Any) -> None:
             call_log(run, via, data, step, commit)
 
         @seed(20240603)
-        @settings(max_examples=args.update_examples, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(st.sampled_from(["summary[key]", "summary.update", "config.update"]),
-               st.one_of(any_datas, any_values), st.one_of(keys, bad_keys))
+        @settings(
+            max_examples=args.update_examples,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(
+            st.sampled_from(["summary[key]", "summary.update", "config.update"]),
+            st.one_of(any_datas, any_values),
+            st.one_of(keys, bad_keys),
+        )
         def fuzz_updates(how: str, data: Any, key: Any) -> None:
             call_update(run, how, data, key)
 
@@ -253,9 +303,7 @@ def main() -> None:
         # 980 levels: the interpreter can pack it, but the logger's decoder (deeper in its
         # own stack) could not, and the whole batch was lost; 5000: past the recursion limit.
         cases = (looped, {"l": loop_list}, deep_dict(980), deep_list(980), deep_dict(5000))
-        takers: tuple[Callable[[Any], None], ...] = (
-            wf.log, run.summary.update, run.config.update
-        )
+        takers: tuple[Callable[[Any], None], ...] = (wf.log, run.summary.update, run.config.update)
         for data in cases:
             for fn in takers:
                 try:

@@ -29,8 +29,11 @@ def main() -> None:
             wf.install()
             import wandb
 
-            wandb.init(project="kw", monitor_gym=True,
-                       settings=wandb.Settings(capture_loggers={"mylog": "INFO"}))
+            wandb.init(
+                project="kw",
+                monitor_gym=True,
+                settings=wandb.Settings(capture_loggers={"mylog": "INFO"}),
+            )
             # monitor_gym acted here: wandb's gym patch is on this process's RecordVideo.
             patched = list(wandb.patched["gym"])
             wandb.log({"x": 1})

@@ -50,15 +50,23 @@ def wandb_objects(wandb: Any, files: dict[str, str]) -> dict[str, Any]:
     """One of each: what the issue names, as plain wandb code builds them."""
     boxes = {
         "predictions": {
-            "box_data": [{
-                "position": {"minX": 0.1, "maxX": 0.5, "minY": 0.2, "maxY": 0.6},
-                "class_id": 1, "box_caption": "cat", "scores": {"acc": 0.75},
-            }],
+            "box_data": [
+                {
+                    "position": {"minX": 0.1, "maxX": 0.5, "minY": 0.2, "maxY": 0.6},
+                    "class_id": 1,
+                    "box_caption": "cat",
+                    "scores": {"acc": 0.75},
+                }
+            ],
             "class_labels": {0: "background", 1: "cat"},
         }
     }
-    masks = {"segmentation": {"mask_data": (pixels(3, (16, 16)) % 2).astype(np.uint8),
-                              "class_labels": {0: "background", 1: "cat"}}}
+    masks = {
+        "segmentation": {
+            "mask_data": (pixels(3, (16, 16)) % 2).astype(np.uint8),
+            "class_labels": {0: "background", 1: "cat"},
+        }
+    }
     table = wandb.Table(columns=["id", "image", "guess", "score"])
     for i in range(3):
         table.add_data(i, wandb.Image(pixels(10 + i), caption=f"item {i}"), i % 2, 0.25 * i)
@@ -146,12 +154,15 @@ def light_rank(run: Any, steps: int, barrier: Any) -> None:
         table = wf.Table(columns=["id", "image", "guess"])
         for i in range(2):
             table.add_data(rank * 10 + i, wf.Image(pixels(rank * 100 + i)), (rank + i) % 3)
-        run.log({
-            "preds": table,
-            "sample": wf.Image(pixels(rank), caption=f"rank {rank}"),
-            "hist": wf.Histogram(np_histogram=([rank, 1, 2], [0.0, 1.0, 2.0, 3.0])),
-            "loss": float(rank),
-        }, step=step)
+        run.log(
+            {
+                "preds": table,
+                "sample": wf.Image(pixels(rank), caption=f"rank {rank}"),
+                "hist": wf.Histogram(np_histogram=([rank, 1, 2], [0.0, 1.0, 2.0, 3.0])),
+                "loss": float(rank),
+            },
+            step=step,
+        )
     report(rank=rank, wandb_in_rank="wandb" in sys.modules)
     run.finish()
 
@@ -166,15 +177,16 @@ def ranks(args: argparse.Namespace) -> None:
     with wf.Funnel(project="media", run_mode=args.run_mode, reduce=reduce) as funnel:
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(3)
-        procs = [ctx.Process(target=light_rank, args=(funnel.run, args.steps, barrier))
-                 for _ in range(2)]
+        procs = [
+            ctx.Process(target=light_rank, args=(funnel.run, args.steps, barrier)) for _ in range(2)
+        ]
         for p in procs:
             p.start()
         barrier.wait(60)
         light_rank_owner(funnel.run, args.steps)
         for p in procs:
             p.join(60)
-        report(staging=os.path.join(os.path.dirname(funnel.address[len("ipc://"):]), "media"))
+        report(staging=os.path.join(os.path.dirname(funnel.address[len("ipc://") :]), "media"))
     report(stats=funnel.stats, exit_codes=[p.exitcode for p in procs])
 
 
@@ -183,9 +195,15 @@ def light_rank_owner(run: Any, steps: int) -> None:
 
     for step in range(steps):
         table = wf.Table(columns=["id", "image", "guess"], data=[[0, wf.Image(pixels(0)), 0]])
-        run.log({"preds": table, "sample": wf.Image(pixels(0), caption="rank 0"),
-                 "hist": wf.Histogram(np_histogram=([0, 1, 2], [0.0, 1.0, 2.0, 3.0])),
-                 "loss": 0.0}, step=step)
+        run.log(
+            {
+                "preds": table,
+                "sample": wf.Image(pixels(0), caption="rank 0"),
+                "hist": wf.Histogram(np_histogram=([0, 1, 2], [0.0, 1.0, 2.0, 3.0])),
+                "loss": 0.0,
+            },
+            step=step,
+        )
 
 
 def flood(run: Any, ready: Any) -> None:
@@ -209,7 +227,7 @@ def killed(args: argparse.Namespace) -> None:
 
     funnel = wf.Funnel(project="media", close_timeout=20)
     funnel.start()
-    staging = os.path.join(os.path.dirname(funnel.address[len("ipc://"):]), "media")
+    staging = os.path.join(os.path.dirname(funnel.address[len("ipc://") :]), "media")
     ctx = mp.get_context("spawn")
     ready = ctx.Event()
     proc = ctx.Process(target=flood, args=(funnel.run, ready))
@@ -232,8 +250,12 @@ def killed(args: argparse.Namespace) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         funnel.close()
-    report(staging=staging, staging_left=os.path.exists(staging), staged_before=staged_before,
-           stats=funnel.stats)
+    report(
+        staging=staging,
+        staging_left=os.path.exists(staging),
+        staged_before=staged_before,
+        stats=funnel.stats,
+    )
 
 
 def train_watched(wandb: Any) -> None:

@@ -56,7 +56,7 @@ def fork_child(args: argparse.Namespace) -> None:
 def socket_dir(args: argparse.Namespace) -> None:
     """REPORT the IPC socket's directory mode while the funnel runs."""
     with wf.Funnel(project="t") as funnel:
-        path = funnel.address[len("ipc://"):]
+        path = funnel.address[len("ipc://") :]
         st = os.stat(os.path.dirname(path))
         report(mode=st.st_mode & 0o777, exists=os.path.exists(path), path=path)
 

@@ -56,12 +56,20 @@ def run_helper(uid: int, env_overrides: dict[str, str], *args: str) -> dict[str,
     """Run security_helper.py, which becomes ``uid`` before it tries anything."""
     env = dict(os.environ, **env_overrides)
     proc = subprocess.run(
-        [sys.executable, str(HELPER), "--uid", str(uid), *args], env=env, cwd="/",
-        capture_output=True, text=True, timeout=90, check=False,  # its exit status is reported
+        [sys.executable, str(HELPER), "--uid", str(uid), *args],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,  # its exit status is reported
     )
     lines = proc.stdout.strip().splitlines()
-    return {"rc": proc.returncode, "result": json.loads(lines[-1]) if lines else None,
-            "stderr": proc.stderr[-3000:]}
+    return {
+        "rc": proc.returncode,
+        "result": json.loads(lines[-1]) if lines else None,
+        "stderr": proc.stderr[-3000:],
+    }
 
 
 @scenario(option("--nobody", type=int, required=True, help="the other user's uid and gid"))
@@ -69,13 +77,20 @@ def ipc(args: argparse.Namespace) -> None:
     """Another local user (the helper) tries the funnel's IPC socket."""
     funnel = start_in_tmp(wf.Funnel(project="t"))
     with funnel:
-        sock = funnel.address[len("ipc://"):]
+        sock = funnel.address[len("ipc://") :]
         st = os.stat(os.path.dirname(sock))
         funnel.log({"before": 1}, step=0)
         helper = run_helper(args.nobody, {})
         funnel.log({"after": 1}, step=1)
-        report(dir_mode=st.st_mode & 0o7777, dir_uid=st.st_uid, dir_gid=st.st_gid,
-               uid=os.getuid(), gid=os.getgid(), sock=sock, helper=helper)
+        report(
+            dir_mode=st.st_mode & 0o7777,
+            dir_uid=st.st_uid,
+            dir_gid=st.st_gid,
+            uid=os.getuid(),
+            gid=os.getgid(),
+            sock=sock,
+            helper=helper,
+        )
     report(stats=funnel.stats, dir_gone=not os.path.exists(os.path.dirname(sock)))
 
 
@@ -107,8 +122,11 @@ def tcp(args: argparse.Namespace) -> None:
             # a valid key pair and the right server key, but not the job's client key
             "own_key_pair": (keys["server_public"], own_public.decode(), own_secret.decode()),
             # another job's keys: its server key, its client key pair
-            "another_jobs_keys": (other_job["server_public"], other_job["client_public"],
-                                  other_job["client_secret"]),
+            "another_jobs_keys": (
+                other_job["server_public"],
+                other_job["client_public"],
+                other_job["client_secret"],
+            ),
         }
         ctx = zmq.Context()
         answered: dict[str, bool] = {}
@@ -188,10 +206,15 @@ def job_b(args: argparse.Namespace) -> None:
         helper = None
         if os.geteuid() == 0:
             # Job B's process of another user, with job A's whole environment (its token too).
-            helper = run_helper(args.nobody,
-                                {"_WANDB_FUNNEL_ADDRESS": os.environ["JOB_A_ADDRESS"],
-                                 "_WANDB_FUNNEL_TOKEN": os.environ["JOB_A_TOKEN"],
-                                 "_WANDB_FUNNEL_LOGGER_PID": os.environ["JOB_A_PID"]}, "--api")
+            helper = run_helper(
+                args.nobody,
+                {
+                    "_WANDB_FUNNEL_ADDRESS": os.environ["JOB_A_ADDRESS"],
+                    "_WANDB_FUNNEL_TOKEN": os.environ["JOB_A_TOKEN"],
+                    "_WANDB_FUNNEL_LOGGER_PID": os.environ["JOB_A_PID"],
+                },
+                "--api",
+            )
         for p in procs:
             p.join(90)
         report(address=funnel.address, codes=[p.exitcode for p in procs], helper=helper)

@@ -40,10 +40,13 @@ def main() -> None:
     os.setgid(args.uid)
     os.setuid(args.uid)
     out: dict[str, Any] = {
-        "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "egid": os.getegid()
+        "uid": os.getuid(),
+        "euid": os.geteuid(),
+        "gid": os.getgid(),
+        "egid": os.getegid(),
     }
     address = os.environ["_WANDB_FUNNEL_ADDRESS"]
-    path = address[len("ipc://"):]
+    path = address[len("ipc://") :]
 
     def attempt(name: str, fn: Callable[[], object]) -> None:
         try:
@@ -72,8 +75,10 @@ def main() -> None:
     d.setsockopt(zmq.LINGER, 0)
     d.connect(address)
     token = os.environ["_WANDB_FUNNEL_TOKEN"]
-    for frame in (codec.encode_hello(Hello(token, os.getpid(), socket.gethostname(), None, None)),
-                  codec.encode_batch(0, [codec.encode_record(0, True, {"intruder": 1}, 1 << 20)])):
+    for frame in (
+        codec.encode_hello(Hello(token, os.getpid(), socket.gethostname(), None, None)),
+        codec.encode_batch(0, [codec.encode_record(0, True, {"intruder": 1}, 1 << 20)]),
+    ):
         try:  # never blocking: a DEALER with no pipe to queue on would wait forever
             d.send(frame, zmq.NOBLOCK)
         except zmq.Again:

@@ -41,9 +41,10 @@ def launch(
 ) -> list[int | None]:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(n)
-    procs = [ctx.Process(target=rank_main,
-                         args=(r, barrier, steps, (rare or {}).get(r, every)))
-             for r in range(1, n + 1)]
+    procs = [
+        ctx.Process(target=rank_main, args=(r, barrier, steps, (rare or {}).get(r, every)))
+        for r in range(1, n + 1)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -113,7 +114,11 @@ def worker_config_and_summary(args: argparse.Namespace) -> None:
 def bad_input_child(q: Queue[list[str]]) -> None:
     errors = []
     bad_calls: tuple[Any, ...] = (  # wrong on purpose
-        {1: 2}, {"k": object()}, {"k": np.zeros(3)}, "notadict", {"s": "x" * 2000}
+        {1: 2},
+        {"k": object()},
+        {"k": np.zeros(3)},
+        "notadict",
+        {"s": "x" * 2000},
     )
     for bad in bad_calls:
         try:

@@ -171,7 +171,8 @@ def main() -> None:
         "--handler", choices=["user", "flag", "chain", "default", "ignore"], default="user"
     )
     parser.add_argument(
-        "--when", choices=["before-init", "after-init", "after-log", "dataloader"],
+        "--when",
+        choices=["before-init", "after-init", "after-log", "dataloader"],
         default="after-init",
     )
     parser.add_argument("--land", choices=["training", "send", "finish", "exit"], required=True)

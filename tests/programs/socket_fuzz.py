@@ -55,19 +55,74 @@ scenario = Scenarios(__doc__)
 HOST = socket.gethostname()
 Frame = bytes | list[bytes]  # one frame, or the parts of a multi-part message
 
-INTERESTING = [0x00, 0x01, 0x7f, 0x80, 0xc0, 0xc1, 0xc2, 0xc3, 0xc6, 0xc9, 0xcf, 0xd3, 0xd9,
-               0xdb, 0xdc, 0xdd, 0xde, 0xdf, 0xff, 0x90, 0x9f, 0xa0, 0xbf]
-WRONG: list[Any] = [None, "s", -1, 1.5, [], {}, b"x", True, 2**64 - 1, -(2**63), [1, 2],
-                    {"a": 1}, "é", float("nan"), 0, 1, 2]
-HUGE = [b"\xdd\xff\xff\xff\xff", b"\xdf\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff",
-        b"\xdb\xff\xff\xff\xff", b"\xc9\xff\xff\xff\xff\x01", b"\xdc\xff\xff",
-        b"\xde\xff\xff", b"\xc5\xff\xff", b"\xda\xff\xff", b"\xc7\xff\x01"]
+INTERESTING = [
+    0x00,
+    0x01,
+    0x7F,
+    0x80,
+    0xC0,
+    0xC1,
+    0xC2,
+    0xC3,
+    0xC6,
+    0xC9,
+    0xCF,
+    0xD3,
+    0xD9,
+    0xDB,
+    0xDC,
+    0xDD,
+    0xDE,
+    0xDF,
+    0xFF,
+    0x90,
+    0x9F,
+    0xA0,
+    0xBF,
+]
+WRONG: list[Any] = [
+    None,
+    "s",
+    -1,
+    1.5,
+    [],
+    {},
+    b"x",
+    True,
+    2**64 - 1,
+    -(2**63),
+    [1, 2],
+    {"a": 1},
+    "é",
+    float("nan"),
+    0,
+    1,
+    2,
+]
+HUGE = [
+    b"\xdd\xff\xff\xff\xff",
+    b"\xdf\xff\xff\xff\xff",
+    b"\xc6\xff\xff\xff\xff",
+    b"\xdb\xff\xff\xff\xff",
+    b"\xc9\xff\xff\xff\xff\x01",
+    b"\xdc\xff\xff",
+    b"\xde\xff\xff",
+    b"\xc5\xff\xff",
+    b"\xda\xff\xff",
+    b"\xc7\xff\x01",
+]
 
 # (class, share of the frames, certainly junk whatever the decoder says)
 CLASSES = [
-    ("random", 15_000, False), ("truncated", 15_000, True), ("wrong_version", 5_000, True),
-    ("wrong_types", 10_000, False), ("huge_length", 4_990, True), ("at_the_limit", 10, False),
-    ("multipart", 5_000, True), ("mutated", 40_000, False), ("valid_unknown", 5_000, False),
+    ("random", 15_000, False),
+    ("truncated", 15_000, True),
+    ("wrong_version", 5_000, True),
+    ("wrong_types", 10_000, False),
+    ("huge_length", 4_990, True),
+    ("at_the_limit", 10, False),
+    ("multipart", 5_000, True),
+    ("mutated", 40_000, False),
+    ("valid_unknown", 5_000, False),
 ]
 
 
@@ -80,7 +135,7 @@ def split_header(frame: bytes) -> tuple[Any, bytes]:
     u = msgpack.Unpacker(raw=False, strict_map_key=False)
     u.feed(frame)
     header = u.unpack()
-    return header, frame[u.tell():]
+    return header, frame[u.tell() :]
 
 
 class Fuzz:
@@ -98,14 +153,16 @@ class Fuzz:
         self.fake = "".join(self.rng.choice("0123456789abcdef") for _ in range(32))
         self.seeds = self._seeds()
         self.real_token = os.environ[ENV_TOKEN]
-        self.real_hello = codec.encode_hello(
-            Hello(self.real_token, os.getpid(), HOST, None, None)
-        )
+        self.real_hello = codec.encode_hello(Hello(self.real_token, os.getpid(), HOST, None, None))
         self.makers: dict[str, Callable[[], Frame]] = {
-            "random": self.random_frame, "truncated": self.truncated,
-            "wrong_version": self.wrong_version, "wrong_types": self.wrong_types,
-            "huge_length": self.huge_length, "at_the_limit": self.at_the_limit,
-            "multipart": self.multipart, "mutated": self.mutated,
+            "random": self.random_frame,
+            "truncated": self.truncated,
+            "wrong_version": self.wrong_version,
+            "wrong_types": self.wrong_types,
+            "huge_length": self.huge_length,
+            "at_the_limit": self.at_the_limit,
+            "multipart": self.multipart,
+            "mutated": self.mutated,
             "valid_unknown": self.valid_unknown,
         }
 
@@ -128,12 +185,30 @@ class Fuzz:
             codec.encode_update(CONFIG, {"lr": 0.1, "nested": {"x": [1]}}, maxr),
             codec.encode_update(SUMMARY, {"best": 0.9}, maxr),
             codec.encode_update(METRIC, {"name": "loss", "step_metric": "epoch"}, maxr),
-            codec.encode_update(FILES, {"op": "save", "entries": [["a.txt", "1-1-00.txt"]],
-                                        "policy": "now"}, maxr),
+            codec.encode_update(
+                FILES, {"op": "save", "entries": [["a.txt", "1-1-00.txt"]], "policy": "now"}, maxr
+            ),
             codec.encode_blob(Blob("1-2-00.png", 0, 6, b"abc")),
             codec.encode_blob(Blob("1-2-00.png", 3, 6, b"def")),
-            codec.encode_batch(0, [msgpack.packb((1, True, {"img": msgpack.ExtType(
-                MEDIA_EXT, msgpack.packb({"k": "file", "c": "Image", "s": {}, "f": "x.png"}))}))]),
+            codec.encode_batch(
+                0,
+                [
+                    msgpack.packb(
+                        (
+                            1,
+                            True,
+                            {
+                                "img": msgpack.ExtType(
+                                    MEDIA_EXT,
+                                    msgpack.packb(
+                                        {"k": "file", "c": "Image", "s": {}, "f": "x.png"}
+                                    ),
+                                )
+                            },
+                        )
+                    )
+                ],
+            ),
             codec.encode_close(Close(fake, 0, 10.0)),
             codec.encode_welcome(Welcome(2)),
             codec.encode_ack(Ack(5)),
@@ -169,9 +244,23 @@ class Fuzz:
             return packb(rng.choice([{"v": 1}, "hello", 1, None, [1], [], b"raw"]))
         frame = packb([1, kind, *body])
         if kind == 2 and rng.random() < 0.5:
-            frame += b"".join(packb(rng.choice([
-                [0, True, []], [-1, True, {}], [0, 1, {}], [0, True, {1: 2}], "x",
-                [2**64 - 1, True, {}], [0, True], [0, True, {}, 4]])) for _ in range(3))
+            frame += b"".join(
+                packb(
+                    rng.choice(
+                        [
+                            [0, True, []],
+                            [-1, True, {}],
+                            [0, 1, {}],
+                            [0, True, {1: 2}],
+                            "x",
+                            [2**64 - 1, True, {}],
+                            [0, True],
+                            [0, True, {}, 4],
+                        ]
+                    )
+                )
+                for _ in range(3)
+            )
         return frame
 
     def huge_length(self) -> bytes:  # lengths that claim far more than the frame holds
@@ -372,9 +461,16 @@ def unknown_peers(args: argparse.Namespace) -> None:
         p.start()
         p.join(60)
         rss.append(logger.memory_info().rss)
-        report(sent=dict(sent), expected=dict(expected), rss=rss, alive=alive(logger),
-               oversize=oversize, not_junk_but_certain=dict(not_junk_but_certain),
-               steady=steady_count, codes=[worker.exitcode, p.exitcode])
+        report(
+            sent=dict(sent),
+            expected=dict(expected),
+            rss=rss,
+            alive=alive(logger),
+            oversize=oversize,
+            not_junk_but_certain=dict(not_junk_but_certain),
+            steady=steady_count,
+            codes=[worker.exitcode, p.exitcode],
+        )
     report(stats=funnel.stats)
 
 
@@ -420,8 +516,11 @@ class Model:
         gap = rng.choice([0, 0, 0, 0, 1, 5])
         records = [
             codec.encode_record(
-                rng.choice([rng.randrange(100), rng.randrange(2**62)]), rng.random() < 0.7,
-                {rng.choice(KEYS): random_value(rng) for _ in range(rng.randrange(5))}, maxr)
+                rng.choice([rng.randrange(100), rng.randrange(2**62)]),
+                rng.random() < 0.7,
+                {rng.choice(KEYS): random_value(rng) for _ in range(rng.randrange(5))},
+                maxr,
+            )
             for _ in range(rng.randrange(6))
         ]
         return codec.encode_batch(self.next_seq + gap, records)
@@ -514,7 +613,7 @@ def raw(args: argparse.Namespace) -> None:
     rng = random.Random(7)
     with wf.Funnel(project="t") as funnel:
         funnel.log({"before": 1}, step=0)
-        path = funnel.address[len("ipc://"):]
+        path = funnel.address[len("ipc://") :]
         hung_up = 0
         for i in range(200):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -523,14 +622,16 @@ def raw(args: argparse.Namespace) -> None:
             try:
                 if i % 2 == 0:  # a ZMTP 3.0 greeting asking for another mechanism
                     mech = rng.choice([b"CURVE", b"PLAIN", b"GSSAPI", b"EVIL", b""])
-                    s.sendall(b"\xff" + bytes(8) + b"\x7f\x03\x00" + mech.ljust(20, b"\x00")
-                              + bytes(32))
+                    s.sendall(
+                        b"\xff" + bytes(8) + b"\x7f\x03\x00" + mech.ljust(20, b"\x00") + bytes(32)
+                    )
                     while s.recv(4096):  # the logger hangs up
                         pass
                     hung_up += 1
                 else:
-                    s.sendall(rng.getrandbits(8 * 300).to_bytes(300, "little")[
-                        : rng.randrange(1, 300)])
+                    s.sendall(
+                        rng.getrandbits(8 * 300).to_bytes(300, "little")[: rng.randrange(1, 300)]
+                    )
             except OSError:
                 pass  # the logger hung up first
             s.close()

@@ -62,8 +62,9 @@ def test_a_process_left_behind_is_caught(tmp_path: pathlib.Path) -> None:
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                      start_new_session=True)
     """
-    it = run_iteration(_scenario(tmp_path, code, deadline=20, run_exit=None), 1,
-                       tmp_path / "out", "s")
+    it = run_iteration(
+        _scenario(tmp_path, code, deadline=20, run_exit=None), 1, tmp_path / "out", "s"
+    )
     assert not it.hang and len(it.leftover_processes) == 1
     assert any("left behind" in p for p in it.problems)
 
@@ -108,7 +109,11 @@ def test_the_projects_matrix_loads_with_every_program_in_place() -> None:
             if program:
                 assert os.path.isabs(program) and os.path.isfile(program), (s.name, program)
     assert {s.name for s in select(scenarios, ["torchrun*"])} == {
-        "torchrun", "torchrun-rank-raises", "torchrun-sigterm", "torchrun-rank-killed"}
+        "torchrun",
+        "torchrun-rank-raises",
+        "torchrun-sigterm",
+        "torchrun-rank-killed",
+    }
     with pytest.raises(ValueError, match="no scenario matches"):
         select(scenarios, ["no-such-scenario"])
 
@@ -117,23 +122,32 @@ def test_a_matrix_resolves_programs_in_its_directory_or_its_programs(
     tmp_path: pathlib.Path,
 ) -> None:
     own = tmp_path / "own.py"
-    own.write_text("from wandb_funnel.soak.scenarios import Scenario\n"
-                   "SCENARIOS = [Scenario('a', 'x', 'a.py', plain='b.py'),\n"
-                   "             Scenario('b', 'y', '/abs/c.py')]\n")
+    own.write_text(
+        "from wandb_funnel.soak.scenarios import Scenario\n"
+        "SCENARIOS = [Scenario('a', 'x', 'a.py', plain='b.py'),\n"
+        "             Scenario('b', 'y', '/abs/c.py')]\n"
+    )
     a, b = load_matrix(own)
-    assert (a.program, a.plain, b.program) == (str(tmp_path / "a.py"), str(tmp_path / "b.py"),
-                                               "/abs/c.py")
+    assert (a.program, a.plain, b.program) == (
+        str(tmp_path / "a.py"),
+        str(tmp_path / "b.py"),
+        "/abs/c.py",
+    )
     elsewhere = tmp_path / "elsewhere.py"
-    elsewhere.write_text("from wandb_funnel.soak.scenarios import Scenario\n"
-                         "PROGRAMS = '/progs'\nSCENARIOS = [Scenario('a', 'x', 'a.py')]\n")
+    elsewhere.write_text(
+        "from wandb_funnel.soak.scenarios import Scenario\n"
+        "PROGRAMS = '/progs'\nSCENARIOS = [Scenario('a', 'x', 'a.py')]\n"
+    )
     assert load_matrix(elsewhere)[0].program == "/progs/a.py"
     empty = tmp_path / "empty.py"
     empty.write_text("X = 1\n")
     with pytest.raises(ValueError, match="must define SCENARIOS"):
         load_matrix(empty)
     twice = tmp_path / "twice.py"
-    twice.write_text("from wandb_funnel.soak.scenarios import Scenario\n"
-                     "SCENARIOS = [Scenario('a', 'x', 'a.py'), Scenario('a', 'y', 'b.py')]\n")
+    twice.write_text(
+        "from wandb_funnel.soak.scenarios import Scenario\n"
+        "SCENARIOS = [Scenario('a', 'x', 'a.py'), Scenario('a', 'y', 'b.py')]\n"
+    )
     with pytest.raises(ValueError, match="used twice: a"):
         load_matrix(twice)
 
@@ -141,15 +155,19 @@ def test_a_matrix_resolves_programs_in_its_directory_or_its_programs(
 def test_a_users_faults_are_reported_not_judged() -> None:
     everything = user_matrix(["python", "train.py"])
     assert [s.name for s in everything] == list(USER_FAULTS)
-    chosen = user_matrix(["python", "train.py"], ["preempt", "none", "kill-logger"],
-                         fault_after=(1.0, 2.0), grace=(5.0, 6.0), deadline=50)
+    chosen = user_matrix(
+        ["python", "train.py"],
+        ["preempt", "none", "kill-logger"],
+        fault_after=(1.0, 2.0),
+        grace=(5.0, 6.0),
+        deadline=50,
+    )
     preempt, none, logger = chosen
     for s in chosen:
         assert s.command == ("python", "train.py") and s.deadline == 50
         assert s.owner_exit is None and s.run_exit is None  # reported, not judged
     assert none.fault is None and none.may_lose is None
-    assert preempt.fault == Fault("preempt", delay=(1.0, 2.0), grace=(5.0, 6.0),
-                                  needs_probe=False)
+    assert preempt.fault == Fault("preempt", delay=(1.0, 2.0), grace=(5.0, 6.0), needs_probe=False)
     assert preempt.may_lose is None and preempt.may_lose_if_killed
     assert logger.fault is not None and logger.fault.grace == (0.0, 0.0) and logger.may_lose
     with pytest.raises(ValueError, match="unknown fault"):
@@ -164,8 +182,12 @@ class _Owner:
 
 
 def _timed_fault(needs_probe: bool) -> tuple[Any, list[float]]:
-    scenario = Scenario("t", "t", command=("x",),
-                        fault=Fault("kill-logger", delay=(2.0, 2.0), needs_probe=needs_probe))
+    scenario = Scenario(
+        "t",
+        "t",
+        command=("x",),
+        fault=Fault("kill-logger", delay=(2.0, 2.0), needs_probe=needs_probe),
+    )
     fault = harness._Fault(scenario, None, random.Random(0), _Owner(), started=100.0)  # type: ignore[arg-type]
     landed: list[float] = []
 
@@ -200,16 +222,31 @@ def test_a_fault_lands_after_ready_or_after_the_start() -> None:
 
 
 def test_the_clean_environment() -> None:
-    base = {"PATH": "/bin", "WANDB_API_KEY": "k", "WANDB_MODE": "online",
-            "_WANDB_FUNNEL_ADDRESS": "ipc://x", "TORCHELASTIC_RUN_ID": "r", "HOME": "/h"}
+    base = {
+        "PATH": "/bin",
+        "WANDB_API_KEY": "k",
+        "WANDB_MODE": "online",
+        "_WANDB_FUNNEL_ADDRESS": "ipc://x",
+        "TORCHELASTIC_RUN_ID": "r",
+        "HOME": "/h",
+    }
     env = jobenv.clean_environment("/w", "/t", mark="m", base=base, extra={"A": "1"})
-    assert env == {"PATH": "/bin", "HOME": "/h", "WANDB_DIR": "/w", "WANDB_MODE": "offline",
-                   "WANDB_SILENT": "true", "TMPDIR": "/t", "PYTHONUNBUFFERED": "1",
-                   jobenv.MARK_VAR: "m", "A": "1"}
+    assert env == {
+        "PATH": "/bin",
+        "HOME": "/h",
+        "WANDB_DIR": "/w",
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "TMPDIR": "/t",
+        "PYTHONUNBUFFERED": "1",
+        jobenv.MARK_VAR: "m",
+        "A": "1",
+    }
     # The test suite's and the benchmarks' variants: only WANDB_* dropped, TMPDIR the same
     # directory, no PYTHONUNBUFFERED, another marker variable.
-    env = jobenv.clean_environment("/w", base=base, drop=("WANDB_",), unbuffered=False,
-                                   mark="n", mark_var="OTHER_MARK")
+    env = jobenv.clean_environment(
+        "/w", base=base, drop=("WANDB_",), unbuffered=False, mark="n", mark_var="OTHER_MARK"
+    )
     assert env["TORCHELASTIC_RUN_ID"] == "r" and env["TMPDIR"] == "/w"
     assert "PYTHONUNBUFFERED" not in env and "WANDB_API_KEY" not in env
     assert env["OTHER_MARK"] == "n" and jobenv.MARK_VAR not in env
@@ -220,8 +257,9 @@ def test_the_clean_environment() -> None:
 def test_marked_processes_are_found_and_leftovers_killed(tmp_path: pathlib.Path) -> None:
     mark = uuid.uuid4().hex
     env = jobenv.clean_environment(tmp_path, mark=mark, mark_var="WANDB_FUNNEL_TEST_SCAN")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True
+    )
     try:
         cache: dict[tuple[int, float], bool] = {}
         found = jobenv.marked_processes(mark, "WANDB_FUNNEL_TEST_SCAN", cache)
@@ -243,9 +281,13 @@ def test_the_command_line() -> None:
     for bad in ("4:1", "-1", "x", "1:2:3"):
         with pytest.raises(argparse.ArgumentTypeError):
             cli._seconds_range(bad)
-    for argv in (["soak"], ["soak", "--matrix", "m.py", "--", "python", "x.py"],
-                 ["soak", "--fault", "nope", "--", "python", "x.py"],
-                 ["soak", "--scenario", "x", "--", "python", "x.py"], ["soak", "--"]):
+    for argv in (
+        ["soak"],
+        ["soak", "--matrix", "m.py", "--", "python", "x.py"],
+        ["soak", "--fault", "nope", "--", "python", "x.py"],
+        ["soak", "--scenario", "x", "--", "python", "x.py"],
+        ["soak", "--"],
+    ):
         with pytest.raises(SystemExit) as exc:
             cli.main(argv)
         assert exc.value.code == 2, argv
@@ -267,8 +309,9 @@ def test_a_marked_process_on_a_pid_seen_before_is_signalled(
     monkeypatch.setattr(psutil, "process_iter", no_shared_cache)
     mark = uuid.uuid4().hex
     env = jobenv.clean_environment(tmp_path, mark=mark, mark_var="WANDB_FUNNEL_TEST_SCAN")
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True
+    )
     try:
         (found,) = jobenv.marked_processes(mark, "WANDB_FUNNEL_TEST_SCAN")
         found.send_signal(signal.SIGTERM)  # a fresh object: psutil lets the signal through
@@ -374,9 +417,26 @@ def test_a_second_ctrl_c_aborts_the_soak_and_the_table_is_still_written(
     out = tmp_path / "out"
     directory = out / "iterations" / "none-0001"
     soak = subprocess.Popen(
-        [sys.executable, "-m", "wandb_funnel", "soak", "--fault", "none", "--iterations", "1",
-         "--wait-ready", "--out", str(out), "--", sys.executable, str(program)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "wandb_funnel",
+            "soak",
+            "--fault",
+            "none",
+            "--iterations",
+            "1",
+            "--wait-ready",
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            str(program),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert soak.stdout is not None and soak.stderr is not None
     stderr: queue.Queue[str] = queue.Queue()
@@ -436,10 +496,24 @@ def test_an_iteration_that_cannot_run_is_a_failed_row_and_the_soak_goes_on(
 
     monkeypatch.setattr(harness, "run_iteration", breaks_once)
     out = tmp_path / "out"
-    code = cli.main(["soak", "--fault", "none", "--iterations", "2", "--out", str(out), "--",
-                     sys.executable, "-c", "pass"])
+    code = cli.main(
+        [
+            "soak",
+            "--fault",
+            "none",
+            "--iterations",
+            "2",
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ]
+    )
     assert code == 1
     runs = json.loads((out / "soak.json").read_text())["runs"]
     assert [(r["index"], r["ok"]) for r in runs] == [(1, False), (2, True)]
     assert runs[0]["problems"] == [
-        "harness error: RuntimeError(\"no room for the iteration's directory\")"]
+        'harness error: RuntimeError("no room for the iteration\'s directory")'
+    ]

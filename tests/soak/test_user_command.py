@@ -34,8 +34,19 @@ def _gone(report: dict[str, Any]) -> None:
 @pytest.mark.timeout(300)
 def test_a_users_command_gets_its_faults_and_a_report(tmp_path: pathlib.Path) -> None:
     command = [sys.executable, str(PROGRAM), "--seconds", "4"]
-    rc, report = _soak(tmp_path, "--fault", "none", "--fault", "kill-worker",
-                       "--fault-after", "1:2", "--deadline", "150", "--", *command)
+    rc, report = _soak(
+        tmp_path,
+        "--fault",
+        "none",
+        "--fault",
+        "kill-worker",
+        "--fault-after",
+        "1:2",
+        "--deadline",
+        "150",
+        "--",
+        *command,
+    )
     _gone(report)
     runs = {it["scenario"]: it for it in report["runs"]}
     assert rc == 0, [it["problems"] for it in report["runs"]]
@@ -66,8 +77,19 @@ def test_a_users_command_gets_its_faults_and_a_report(tmp_path: pathlib.Path) ->
 
 @pytest.mark.timeout(240)
 def test_a_command_that_hangs_on_exit_is_a_hang(tmp_path: pathlib.Path) -> None:
-    rc, report = _soak(tmp_path, "--fault", "none", "--deadline", "20", "--",
-                       sys.executable, str(PROGRAM), "--seconds", "0.5", "--hang-on-exit")
+    rc, report = _soak(
+        tmp_path,
+        "--fault",
+        "none",
+        "--deadline",
+        "20",
+        "--",
+        sys.executable,
+        str(PROGRAM),
+        "--seconds",
+        "0.5",
+        "--hang-on-exit",
+    )
     _gone(report)
     assert rc == 1
     (it,) = report["runs"]

@@ -180,9 +180,9 @@ def _init(*args: Any, **kwargs: Any) -> Any:
     arguments = {k: v for k, v in bound.arguments.items() if v is not None}
     arguments.update(arguments.pop("kwargs", None) or {})
     mode = arguments.get("mode") or os.environ.get("WANDB_MODE")
-    if mode == "disabled" or (arguments.get("settings") is not None and _disabled(
-        arguments["settings"]
-    )):
+    if mode == "disabled" or (
+        arguments.get("settings") is not None and _disabled(arguments["settings"])
+    ):
         return state.originals["init"](*args, **kwargs)  # nothing to funnel: wandb's no-op run
     if mode == "dryrun":
         arguments["mode"] = "offline"
@@ -211,8 +211,10 @@ def _act_here(wandb: Any, run: Any, local: dict[str, Any]) -> None:
 
         gym.monitor()  # type: ignore[no-untyped-call]
     _init_keywords.unsupported_here(
-        run, local, "acts on the process that owns wandb's run (the funnel's logger), not "
-        "on this one")
+        run,
+        local,
+        "acts on the process that owns wandb's run (the funnel's logger), not on this one",
+    )
 
 
 def open_installed_run(arguments: dict[str, Any]) -> Any:

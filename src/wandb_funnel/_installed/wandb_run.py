@@ -34,6 +34,7 @@ _PROPERTIES: dict[str, Any] = {
     "project_url": None,
 }
 
+
 class InstalledRunMixin(Run):
     """What an installed run adds to ``wf.Run``: wandb's forgiving ``log``, and counts."""
 
@@ -66,8 +67,9 @@ class InstalledRunMixin(Run):
             f"sure that you are using an active run."
         )
 
-    def _log(self, data: dict[str, Any], step: int | None = None, commit: bool | None = None,
-             **_: Any) -> None:
+    def _log(
+        self, data: dict[str, Any], step: int | None = None, commit: bool | None = None, **_: Any
+    ) -> None:
         """What wandb's own helpers call (``watch``'s hooks log histograms with
         ``commit=False``, into the rank's current step)."""
         self.log(data, step=step, commit=commit)

@@ -27,8 +27,13 @@ class BlobWriter:
         name that is not a plain name, a first chunk for a file that exists, a later chunk
         for a file never begun)."""
         name = blob.name
-        if self.directory is None or not name or os.path.basename(name) != name \
-                or name[0] == "." or name.endswith(".part"):
+        if (
+            self.directory is None
+            or not name
+            or os.path.basename(name) != name
+            or name[0] == "."
+            or name.endswith(".part")
+        ):
             return False
         part = os.path.join(self.directory, name + ".part")
         try:

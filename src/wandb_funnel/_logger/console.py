@@ -54,8 +54,9 @@ class ConsoleLines:
         self._open = {}
         self._emit(ends, sink)
 
-    def take(self, rank: int, data: dict[str, Any], sink: ConsoleSink | None,
-             late: bool = False) -> None:
+    def take(
+        self, rank: int, data: dict[str, Any], sink: ConsoleSink | None, late: bool = False
+    ) -> None:
         """One frame of a rank's console. ``late`` (past the close's write deadline): its
         lines are counted, not written, so console text never costs the run its exit."""
         dropped = data.get("dropped")
@@ -74,8 +75,10 @@ class ConsoleLines:
             if late:
                 self.dropped += text.count("\n")
             elif self.labelled:
-                out.extend([fd, piece, since] for piece, since in self._assemble(
-                    rank, fd, float(when), text))
+                out.extend(
+                    [fd, piece, since]
+                    for piece, since in self._assemble(rank, fd, float(when), text)
+                )
             elif text:
                 out.append([fd, text, float(when)])
                 self._open[fd] = not text.endswith("\n")
@@ -125,8 +128,13 @@ class ConsoleLines:
         self.lines += sum(1 for open_ in self._open.values() if open_)
         self._open = {}
         partial, self._partial = self._partial, {}
-        self._emit([[fd, _labelled(rank, text + "\n"), when]
-                    for (rank, fd), (text, when) in sorted(partial.items())], sink)
+        self._emit(
+            [
+                [fd, _labelled(rank, text + "\n"), when]
+                for (rank, fd), (text, when) in sorted(partial.items())
+            ],
+            sink,
+        )
 
 
 def _labelled(rank: int, text: str) -> str:

@@ -23,24 +23,47 @@ from wandb_funnel._protocol.messages import MediaRef
 
 # Descriptor class name -> where wandb keeps the class (attribute paths on the wandb module).
 _FILE_CLASSES = {
-    "Image": "Image", "Html": "Html", "Video": "Video", "Audio": "Audio",
-    "Object3D": "Object3D", "Molecule": "Molecule", "Classes": "Classes",
-    "ImageMask": "data_types.ImageMask", "BoundingBoxes2D": "data_types.BoundingBoxes2D",
+    "Image": "Image",
+    "Html": "Html",
+    "Video": "Video",
+    "Audio": "Audio",
+    "Object3D": "Object3D",
+    "Molecule": "Molecule",
+    "Classes": "Classes",
+    "ImageMask": "data_types.ImageMask",
+    "BoundingBoxes2D": "data_types.BoundingBoxes2D",
 }
 # What wandb's constructors set that a descriptor's state may not carry.
 _BASE_STATE = {
-    "_run": None, "_artifact_source": None, "_artifact_target": None, "_caption": None,
-    "_path": None, "_is_tmp": False, "_extension": None, "_sha256": None, "_size": None,
+    "_run": None,
+    "_artifact_source": None,
+    "_artifact_target": None,
+    "_caption": None,
+    "_path": None,
+    "_is_tmp": False,
+    "_extension": None,
+    "_sha256": None,
+    "_size": None,
 }
 # The state a descriptor may set, per class, on top of the above (what wandb 0.31's
 # constructors leave): anything else is refused, so a descriptor cannot steer where wandb
 # writes (``_extension``, ``_path``, ``_is_tmp`` are the logger's own to set).
 _STATE_KEYS = {
-    "Image": {"_caption", "_grouping", "_width", "_height", "_classes", "_boxes", "_masks",
-              "_file_type", "format", "_sha256", "_size"},
+    "Image": {
+        "_caption",
+        "_grouping",
+        "_width",
+        "_height",
+        "_classes",
+        "_boxes",
+        "_masks",
+        "_file_type",
+        "format",
+        "_sha256",
+        "_size",
+    },
     "Html": {"_caption", "html", "_sha256", "_size"},
-    "Video": {"_caption", "_width", "_height", "_channels", "_format", "_fps", "_sha256",
-              "_size"},
+    "Video": {"_caption", "_width", "_height", "_channels", "_format", "_fps", "_sha256", "_size"},
     "Audio": {"_caption", "_duration", "_sample_rate", "_sha256", "_size"},
     "Object3D": {"_caption", "_sha256", "_size"},
     "Molecule": {"_caption", "_sha256", "_size"},
@@ -50,8 +73,10 @@ _STATE_KEYS = {
 }
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # The run directory's files that wandb writes itself: a saved file never replaces one.
-_WANDBS_OWN = re.compile(r"wandb-[^/]*|config\.yaml|output.*\.log|requirements\.txt|"
-                         r"diff\.patch|code/.*|media/.*|artifact/.*")
+_WANDBS_OWN = re.compile(
+    r"wandb-[^/]*|config\.yaml|output.*\.log|requirements\.txt|"
+    r"diff\.patch|code/.*|media/.*|artifact/.*"
+)
 _PLAIN = re.compile(r"[\w.-]{1,128}")  # a name wandb puts into a file name
 _FORMAT = re.compile(r"[A-Za-z0-9]{1,10}")
 # Staged names: ``{pid}-{seq}-{8 hex}{extension}`` (``.png``, ``.mask.png``, ``.boxes2D.json``).
@@ -170,8 +195,7 @@ class MediaFiles:
         if what == "chart":
             from_module = wandb.plot.custom_chart
             spec = from_module.CustomChartSpec(**desc["spec"])
-            return from_module.CustomChart(table=self._table(desc["table"], wandb, made),
-                                           spec=spec)
+            return from_module.CustomChart(table=self._table(desc["table"], wandb, made), spec=spec)
         if what == "file":
             return self._file_media(desc, wandb, made)
         raise BadMediaError(f"unknown media kind {what!r:.40}")
@@ -181,11 +205,16 @@ class MediaFiles:
         columns = list(desc["columns"])
         log_mode = desc.get("log_mode") or "IMMUTABLE"
         try:
-            return wandb.Table(columns=columns, data=data,
-                               allow_mixed_types=bool(desc.get("mixed")), log_mode=log_mode)
+            return wandb.Table(
+                columns=columns,
+                data=data,
+                allow_mixed_types=bool(desc.get("mixed")),
+                log_mode=log_mode,
+            )
         except TypeError:  # a column of mixed types: the rank's table allowed them
-            return wandb.Table(columns=columns, data=data, allow_mixed_types=True,
-                               log_mode=log_mode)
+            return wandb.Table(
+                columns=columns, data=data, allow_mixed_types=True, log_mode=log_mode
+            )
 
     def _cell(self, value: Any, wandb: Any, made: dict[Any, Any]) -> Any:
         try:
@@ -207,9 +236,17 @@ class MediaFiles:
         obj = cls.__new__(cls)
         obj.__dict__.update(_BASE_STATE)
         if name == "Image":
-            obj.__dict__.update(_image=None, _grouping=None, _width=None, _height=None,
-                                _classes=None, _boxes=None, _masks=None, _file_type=None,
-                                format=None)
+            obj.__dict__.update(
+                _image=None,
+                _grouping=None,
+                _width=None,
+                _height=None,
+                _classes=None,
+                _boxes=None,
+                _masks=None,
+                _file_type=None,
+                format=None,
+            )
         allowed = _STATE_KEYS[name]
         for attr, item in state.items():
             if attr in allowed:
@@ -240,8 +277,13 @@ class MediaFiles:
         elif attr == "_key":
             if not (type(item) is str and _PLAIN.fullmatch(item)):
                 raise BadMediaError(f"bad mask or box key {item!r:.60}")
-        elif attr in ("_boxes", "_masks") and item is not None and (
-            type(item) is not dict or not all(type(k) is str and _PLAIN.fullmatch(k) for k in item)
+        elif (
+            attr in ("_boxes", "_masks")
+            and item is not None
+            and (
+                type(item) is not dict
+                or not all(type(k) is str and _PLAIN.fullmatch(k) for k in item)
+            )
         ):
             raise BadMediaError(f"{attr} keys must be plain names")
         return self._convert(item, wandb, made)
@@ -296,18 +338,20 @@ class MediaFiles:
                 except (OSError, BadMediaError):
                     pass  # moved into the run (save), or never there
 
-    def _log_artifact(self, data: dict[str, Any], entries: list[Any], wandb: Any,
-                      run: Any) -> None:
+    def _log_artifact(self, data: dict[str, Any], entries: list[Any], wandb: Any, run: Any) -> None:
         artifact = wandb.Artifact(
-            str(data["name"]), str(data.get("type") or "unspecified"),
-            description=data.get("description"), metadata=data.get("metadata") or None,
+            str(data["name"]),
+            str(data.get("type") or "unspecified"),
+            description=data.get("description"),
+            metadata=data.get("metadata") or None,
         )
         for entry, name in entries:
             artifact.add_file(self.path_of(name), name=str(entry))  # a copy: staging may go
         for entry, uri in data.get("refs") or []:
             artifact.add_reference(str(uri), name=str(entry))
-        run.log_artifact(artifact, aliases=data.get("aliases") or None,
-                         tags=data.get("tags") or None)
+        run.log_artifact(
+            artifact, aliases=data.get("aliases") or None, tags=data.get("tags") or None
+        )
 
     def _save(self, data: dict[str, Any], entries: list[Any], run: Any) -> None:
         root = os.path.realpath(run.dir)
@@ -316,8 +360,10 @@ class MediaFiles:
             if not dest.startswith(root + os.sep) or _WANDBS_OWN.fullmatch(
                 os.path.relpath(dest, root)
             ):
-                raise BadMediaError(f"a saved file must stay inside the run, and off wandb's "
-                                    f"own files, got {entry!r:.80}")
+                raise BadMediaError(
+                    f"a saved file must stay inside the run, and off wandb's "
+                    f"own files, got {entry!r:.80}"
+                )
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             shutil.move(self.path_of(name), dest)  # the run may be on another filesystem
             run.save(dest, base_path=root, policy=data.get("policy") or "now")

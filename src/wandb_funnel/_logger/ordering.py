@@ -45,8 +45,7 @@ class Row:
 
     def __repr__(self) -> str:
         return (
-            f"Row(step={self.step}, parts={self.parts!r}, records={self.records}, "
-            f"late={self.late})"
+            f"Row(step={self.step}, parts={self.parts!r}, records={self.records}, late={self.late})"
         )
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
@@ -202,9 +201,9 @@ class Reorderer:
             overdue = False
             if not safe:
                 deadline = self.next_deadline()
-                overdue = (
-                    window_applies and deadline is not None and now >= deadline
-                ) or len(self._rows) > self._max_rows
+                overdue = (window_applies and deadline is not None and now >= deadline) or len(
+                    self._rows
+                ) > self._max_rows
             if not (safe or overdue):
                 break
             out.append(self._release_smallest())

@@ -96,9 +96,7 @@ class Logger:
         self._per_rank = start.topology.per_rank  # run_mode="new": a run per rank
         self._writers: dict[int | None, RunWriter] = {}
         if self._per_rank is None:
-            writer = self._writers[None] = self._new_writer(
-                open_sink({}), start.run_id
-            )
+            writer = self._writers[None] = self._new_writer(open_sink({}), start.run_id)
             # A launched job's ranks are known before they attach: rows wait for them from
             # the start (within the first window), so ranks that start a little later still
             # merge, and ranks that never call wandb cost that one window, not one a row.
@@ -142,8 +140,10 @@ class Logger:
             try:
                 # wandb-core samples the rank's own process for its run, as plain wandb's
                 # per-rank runs do (x_stats_pid).
-                sink = self._open_sink({"id": run_id, "group": per.group_template.format(**names)},
-                                       self._pids.get(rank))
+                sink = self._open_sink(
+                    {"id": run_id, "group": per.group_template.format(**names)},
+                    self._pids.get(rank),
+                )
             except Exception as exc:
                 log_to_stderr(f"could not open run {run_id!r} for rank {rank}: {exc!r}")
                 sink = None
@@ -367,10 +367,12 @@ class Logger:
         stats["funnel/exit_reason"] = why
         # wandb's footer leaves funnel/* out (_wandb.py): what went wrong is said here, in one
         # line, and stays in the run's summary under its funnel/* keys.
-        losses = [f"{stats[key]} {key[len('funnel/'):]}" for key in _REPORTED if stats.get(key)]
+        losses = [f"{stats[key]} {key[len('funnel/') :]}" for key in _REPORTED if stats.get(key)]
         if losses:
-            log_to_stderr(f"what did not go as logged (the run's summary has it under "
-                          f"funnel/*): {', '.join(losses)}")
+            log_to_stderr(
+                f"what did not go as logged (the run's summary has it under "
+                f"funnel/*): {', '.join(losses)}"
+            )
         self.final_stats = stats
         return exit_code
 
@@ -389,9 +391,15 @@ def _warn_once(name: str) -> Callable[[str], None]:
 
 # The accounting that says something went missing or wrong: said on the terminal when not 0.
 _REPORTED = (
-    "funnel/dropped_records", "funnel/late_records", "funnel/dropped_media",
-    "funnel/dropped_files", "funnel/dropped_console_lines", "funnel/dead_ranks",
-    "funnel/failed_ranks", "funnel/junk_frames", "funnel/rejected_peers",
+    "funnel/dropped_records",
+    "funnel/late_records",
+    "funnel/dropped_media",
+    "funnel/dropped_files",
+    "funnel/dropped_console_lines",
+    "funnel/dead_ranks",
+    "funnel/failed_ranks",
+    "funnel/junk_frames",
+    "funnel/rejected_peers",
 )
 # Counted per run by each writer itself; everything else is the funnel's.
 _PER_WRITER = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
@@ -415,6 +423,7 @@ def main() -> int:
     max_frame = start.options.max_record_bytes + BATCH_BYTES + 4096
     sock: LoggerSocket | None = None
     try:
+
         def open_sink(overrides: dict[str, Any], stats_pid: int | None = None) -> Sink:
             kwargs = {**start.init_kwargs, **overrides}
             chosen = os.environ.get(ENV_SINK, "")
@@ -424,18 +433,23 @@ def main() -> int:
                 log_to_stderr(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
                 return NullSink(kwargs["id"])
             if chosen.startswith(SINK_RECORD_PREFIX):  # testing.capture_run(): no wandb
-                return RecordingSink(chosen[len(SINK_RECORD_PREFIX):], kwargs)
+                return RecordingSink(chosen[len(SINK_RECORD_PREFIX) :], kwargs)
             from wandb_funnel._wandb import WandbSink  # here: the null sink never loads wandb
 
             # wandb-core samples the process that called wandb.init (the owner), not us.
-            return WandbSink(kwargs, start.options.step_key, start.program,
-                             stats_pid or start.owner_pid)
+            return WandbSink(
+                kwargs, start.options.step_key, start.program, stats_pid or start.owner_pid
+            )
 
         sock = LoggerSocket(
             start.address, _PEER_RCV_HWM, max_frame, start.topology.tcp_host, start.curve
         )
         receiver = Receiver(
-            sock, start.token, max_frame, _MAX_QUEUED_RECORDS, start.topology.first_auto_rank,
+            sock,
+            start.token,
+            max_frame,
+            _MAX_QUEUED_RECORDS,
+            start.topology.first_auto_rank,
             os.path.join(start.ipc_dir, MEDIA_DIR) if start.ipc_dir else None,
         )
         logger = Logger(start, receiver, open_sink)  # opens the run (but in run_mode="new")
@@ -463,4 +477,3 @@ def main() -> int:
         if not receiver.is_alive():
             sock.close()
         remove_ipc_dir(start.ipc_dir)
-

@@ -88,8 +88,9 @@ def concat_tables(values: list[Any], ranks: list[int]) -> MediaRef:
     data: list[Any] = []
     for rank, table in zip(ranks, tables, strict=True):
         data.extend([*row, rank] if add_rank else row for row in table["data"])
-    return MediaRef({**tables[0], "columns": [*columns, "rank"] if add_rank else columns,
-                     "data": data})
+    return MediaRef(
+        {**tables[0], "columns": [*columns, "rank"] if add_rank else columns, "data": data}
+    )
 
 
 def merge_histograms(values: list[Any], ranks: list[int]) -> MediaRef:
@@ -237,8 +238,11 @@ class RowBuilder:
                     continue
                 name = self._reducer_for(key) or "mean"
                 # Which ranks gave the values: asked for only by concat and merge, off the hot path.
-                ranks = [r for r in sorted(parts) if key in _flat(parts[r])] \
-                    if name in _RANKED_FUNCS else []
+                ranks = (
+                    [r for r in sorted(parts) if key in _flat(parts[r])]
+                    if name in _RANKED_FUNCS
+                    else []
+                )
                 out[key] = _reduce(name, values, ranks, key, self._warn)
         self._put_step(out, row.step)
         return out

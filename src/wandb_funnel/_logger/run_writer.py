@@ -100,12 +100,20 @@ class RunWriter:
         if rank in self._measured and len(self._ranks) < 2:
             return
         host, values = data.get("host"), data.get("stats")
-        if self.sink is None or self._broken is not None or type(host) is not str \
-                or not _LABEL.fullmatch(host) or type(values) is not dict:
+        if (
+            self.sink is None
+            or self._broken is not None
+            or type(host) is not str
+            or not _LABEL.fullmatch(host)
+            or type(values) is not dict
+        ):
             return
         label = f"rank{rank}-{host}"
-        numbers = {f"{k}/l:{label}": v for k, v in values.items()
-                   if type(k) is str and type(v) in (int, float)}
+        numbers = {
+            f"{k}/l:{label}": v
+            for k, v in values.items()
+            if type(k) is str and type(v) in (int, float)
+        }
         if numbers:
             self._call("stats", self.sink.stats, numbers)
 
@@ -118,14 +126,23 @@ class RunWriter:
         run's ``tbrecord`` is plain wandb's."""
         log_dir, save, root_dir, cwd = (data.get(k) for k in ("log_dir", "save", "root_dir", "cwd"))
         sink = self.sink
-        if sink is None or type(log_dir) is not str or not log_dir or type(save) is not bool \
-                or type(root_dir) is not str or type(cwd) is not str:
+        if (
+            sink is None
+            or type(log_dir) is not str
+            or not log_dir
+            or type(save) is not bool
+            or type(root_dir) is not str
+            or type(cwd) is not str
+        ):
             return
         if cwd != os.getcwd():
             log_dir = os.path.join(cwd, log_dir)
             root_dir = os.path.join(cwd, root_dir) if root_dir else ""
-        self._call(f"tensorboard log directory {log_dir!r}",
-                   lambda d: sink.tensorboard(d, save, root_dir), log_dir)
+        self._call(
+            f"tensorboard log directory {log_dir!r}",
+            lambda d: sink.tensorboard(d, save, root_dir),
+            log_dir,
+        )
 
     def _log_with_media(self, out: dict[str, Any], media_keys: set[str]) -> None:
         """A media value wandb refuses costs its keys (counted), not the row's numbers."""
@@ -139,8 +156,10 @@ class RunWriter:
             left_out = len(out) - len(kept)
             self.media.dropped += left_out
             self.media.logged = max(0, self.media.logged - left_out)
-            log_to_stderr(f"{self.name}: wandb refused media {sorted(media_keys)!r}: {exc!r}; "
-                          f"the row is logged without them")
+            log_to_stderr(
+                f"{self.name}: wandb refused media {sorted(media_keys)!r}: {exc!r}; "
+                f"the row is logged without them"
+            )
             self.sink.log(kept)
 
     def _out_of_time(self) -> None:

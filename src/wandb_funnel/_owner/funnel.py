@@ -41,8 +41,9 @@ def _stats_interval(settings: dict[str, Any]) -> float:
     disabled = settings.get("x_disable_stats", os.environ.get("WANDB_X_DISABLE_STATS", ""))
     if disabled is True or str(disabled).lower() in ("1", "true"):
         return 0.0
-    raw = settings.get("x_stats_sampling_interval",
-                       os.environ.get("WANDB_X_STATS_SAMPLING_INTERVAL"))
+    raw = settings.get(
+        "x_stats_sampling_interval", os.environ.get("WANDB_X_STATS_SAMPLING_INTERVAL")
+    )
     try:
         return float(raw) if raw is not None else DEFAULT_STATS_INTERVAL
     except (TypeError, ValueError):
@@ -65,8 +66,12 @@ def user_program(start_time: float | None = None) -> dict[str, Any]:
     # imported (torch, transformers, ...); the logger has imported none of them, so it is
     # told this process's (top-level module names: the logger keeps those wandb knows).
     imports = sorted(name for name in list(sys.modules) if "." not in name)
-    return {"program": program, "args": list(sys.argv[1:]), "imports": imports,
-            "start_time": start_time}
+    return {
+        "program": program,
+        "args": list(sys.argv[1:]),
+        "imports": imports,
+        "start_time": start_time,
+    }
 
 
 def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -143,8 +148,10 @@ class Funnel:
         self._run_id: str = self._init_kwargs["id"]
         settings = self._init_kwargs.get("settings")
         # Every rank's console goes to the run unless the user said console="off".
-        self._console = not (isinstance(settings, dict) and settings.get("console") == "off") \
+        self._console = (
+            not (isinstance(settings, dict) and settings.get("console") == "off")
             and os.environ.get("WANDB_CONSOLE") != "off"
+        )
         self._stats_interval = _stats_interval(settings if isinstance(settings, dict) else {})
         self._logger: LoggerProcess | None = None
         self._address: str | None = None

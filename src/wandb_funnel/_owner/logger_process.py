@@ -112,8 +112,7 @@ class LoggerProcess:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise LoggerStartError(
-                    f"wandb_funnel: the logger did not open the run within "
-                    f"start_timeout={timeout}s"
+                    f"wandb_funnel: the logger did not open the run within start_timeout={timeout}s"
                 )
             readable, _, _ = select.select([fd], [], [], min(left, 0.5))
             if readable:

@@ -181,17 +181,7 @@ class Done(NamedTuple):
     stats: dict[str, Any]
 
 
-Message = (
-    Hello
-    | RecordBatch
-    | Update
-    | Blob
-    | Goodbye
-    | Close
-    | Welcome
-    | Done
-    | Ack
-)
+Message = Hello | RecordBatch | Update | Blob | Goodbye | Close | Welcome | Done | Ack
 
 
 class LoggerStart(NamedTuple):

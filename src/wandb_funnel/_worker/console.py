@@ -106,7 +106,7 @@ def _capture(fd: int, text: Any) -> None:
         mode = _mode[fd]
         if mode != "start":  # the rest of a line already decided on
             end = text.find("\n")
-            head, text = (text, "") if end < 0 else (text[: end + 1], text[end + 1:])
+            head, text = (text, "") if end < 0 else (text[: end + 1], text[end + 1 :])
             if mode == "keep":
                 if _afford(head.count("\r"), len(head)):
                     keep.append(head)
@@ -193,7 +193,7 @@ def _chunks(lines: list[list[Any]]) -> list[list[list[Any]]]:
     size = 0
     for fd, when, text in lines:
         for start in range(0, len(text), _FRAME_TEXT):
-            piece = text[start:start + _FRAME_TEXT]
+            piece = text[start : start + _FRAME_TEXT]
             if size + len(piece) > _FRAME_TEXT and out[-1]:
                 out.append([])
                 size = 0

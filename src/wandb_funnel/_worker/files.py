@@ -92,8 +92,11 @@ def save_update(
         base_path = os.path.dirname(pattern) if os.path.isabs(pattern) else "."
     base = os.path.abspath(base_path)
     entries = []
-    for path in sorted(glob.glob(pattern if os.path.isabs(pattern) else os.path.join(base, pattern),
-                                 recursive=True)):
+    for path in sorted(
+        glob.glob(
+            pattern if os.path.isabs(pattern) else os.path.join(base, pattern), recursive=True
+        )
+    ):
         if os.path.isfile(path):
             entry = os.path.relpath(os.path.abspath(path), base)
             if entry.startswith(".."):

@@ -43,10 +43,19 @@ from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import MEDIA_EXT
 
 # wandb's file-backed media, carried by their state. Their module must be wandb's own.
-FILE_MEDIA = frozenset({
-    "Image", "Html", "Video", "Audio", "Object3D", "Molecule",
-    "ImageMask", "BoundingBoxes2D", "Classes",
-})
+FILE_MEDIA = frozenset(
+    {
+        "Image",
+        "Html",
+        "Video",
+        "Audio",
+        "Object3D",
+        "Molecule",
+        "ImageMask",
+        "BoundingBoxes2D",
+        "Classes",
+    }
+)
 # State that stays behind: the run or artifact it is bound to, a decoded PIL image, and the
 # mask array (its PNG is the file that travels).
 _LOCAL_STATE = frozenset({"_run", "_artifact_source", "_artifact_target", "_image", "_path"})
@@ -122,9 +131,7 @@ def _guess_mode(shape: Sequence[int], channels_first: bool, file_type: str | Non
         return "RGB"
     if channels == 4:
         return "RGB" if file_type in ("jpg", "jpeg") else "RGBA"
-    raise ValueError(
-        f"wandb_funnel: an image needs 1, 3 or 4 channels, got shape {tuple(shape)}"
-    )
+    raise ValueError(f"wandb_funnel: an image needs 1, 3 or 4 channels, got shape {tuple(shape)}")
 
 
 class Image(_LightMedia):
@@ -190,8 +197,9 @@ class Image(_LightMedia):
         self._src_path = path
         self._bytes: bytes | None = None
 
-    def _init_from_data(self, data: Any, mode: str | None, file_type: str | None,
-                        limit: int) -> None:
+    def _init_from_data(
+        self, data: Any, mode: str | None, file_type: str | None, limit: int
+    ) -> None:
         fmt = file_type or "png"
         if fmt not in ("png", "jpg", "jpeg", "bmp"):
             raise ValueError(
@@ -244,10 +252,18 @@ class Image(_LightMedia):
             name = stager.stage_file(self._src_path, ext, enc)
         # The state wandb.Image has after its own __init__, file aside.
         state = {
-            "_caption": self.caption, "_grouping": self.grouping, "_width": self.width,
-            "_height": self.height, "_classes": None, "_boxes": None, "_masks": None,
-            "_file_type": None, "format": self.format, "_extension": None,
-            "_sha256": self._sha, "_size": self._size,
+            "_caption": self.caption,
+            "_grouping": self.grouping,
+            "_width": self.width,
+            "_height": self.height,
+            "_classes": None,
+            "_boxes": None,
+            "_masks": None,
+            "_file_type": None,
+            "format": self.format,
+            "_extension": None,
+            "_sha256": self._sha,
+            "_size": self._size,
         }
         return {"k": "file", "c": "Image", "f": name, "s": state}
 
@@ -339,8 +355,13 @@ class Table(_LightMedia):
 def _table_descriptor(
     columns: list[Any], data: list[Any], mixed: bool, log_mode: str | None
 ) -> dict[str, Any]:
-    return {"k": "table", "columns": list(columns), "data": [list(r) for r in data],
-            "mixed": mixed, "log_mode": log_mode}
+    return {
+        "k": "table",
+        "columns": list(columns),
+        "data": [list(r) for r in data],
+        "mixed": mixed,
+        "log_mode": log_mode,
+    }
 
 
 def _pil() -> Any:
@@ -369,9 +390,12 @@ def _wandb_descriptor(value: Any, name: str, stager: Stager, enc: Encoding) -> d
             "k": "chart",
             "table": _table_descriptor(table.columns, table.data, False, None),
             "spec": {
-                "spec_name": spec.spec_name, "fields": dict(spec.fields),
-                "string_fields": dict(spec.string_fields or {}), "key": spec.key,
-                "panel_type": spec.panel_type, "split_table": spec.split_table,
+                "spec_name": spec.spec_name,
+                "fields": dict(spec.fields),
+                "string_fields": dict(spec.string_fields or {}),
+                "key": spec.key,
+                "panel_type": spec.panel_type,
+                "split_table": spec.split_table,
             },
         }
     state: dict[str, Any] = {}
@@ -389,8 +413,9 @@ def _wandb_descriptor(value: Any, name: str, stager: Stager, enc: Encoding) -> d
             extension = getattr(value, "_extension", None) or os.path.splitext(path)[1]
             # wandb's own temporary file (made from an array) is never written again: linked.
             # A user's file is copied now, as wandb copies it at log time.
-            desc["f"] = stager.stage_file(path, extension, enc,
-                                          link=bool(getattr(value, "_is_tmp", False)))
+            desc["f"] = stager.stage_file(
+                path, extension, enc, link=bool(getattr(value, "_is_tmp", False))
+            )
         elif "://" in path:
             desc["ref"] = path  # an image by reference (a URL): no file travels
         else:
@@ -425,8 +450,9 @@ class Encoding:
             if name is None:
                 return codec.scalar_item(value)
             desc = stager.guarded(lambda: _wandb_descriptor(value, name, stager, self), value)
-        ext = msgpack.ExtType(MEDIA_EXT, msgpack.packb(desc, default=self.default,
-                                                       use_bin_type=True))
+        ext = msgpack.ExtType(
+            MEDIA_EXT, msgpack.packb(desc, default=self.default, use_bin_type=True)
+        )
         self._made[id(value)] = (value, ext)  # the value kept alive: its id stays its own
         return ext
 
@@ -579,4 +605,4 @@ def staging_dir_for(address: str) -> str | None:
     logger's host; None over TCP (another node: no shared disk)."""
     if not address.startswith("ipc://"):
         return None
-    return os.path.join(os.path.dirname(address[len("ipc://"):]), MEDIA_DIR)
+    return os.path.join(os.path.dirname(address[len("ipc://") :]), MEDIA_DIR)

@@ -274,8 +274,11 @@ class Run:
             committed = commit is not False
             after = current + 1 if committed else current
         else:
-            at = step if type(step) is int and 0 <= step <= codec.MAX_STEP \
+            at = (
+                step
+                if type(step) is int and 0 <= step <= codec.MAX_STEP
                 else codec.check_step(step)
+            )
             committed = commit is True  # an explicit step stays open until a later step
             after = at + 1 if committed else at
             if after < current:
@@ -332,8 +335,12 @@ class Run:
             ValueError: a path that does not exist.
             TypeError: neither a path nor a wandb.Artifact.
         """
-        self._send_files("log_artifact", lambda stager, enc: files.artifact_update(
-            stager, artifact_or_path, name, type, aliases, tags, self.id, enc))
+        self._send_files(
+            "log_artifact",
+            lambda stager, enc: files.artifact_update(
+                stager, artifact_or_path, name, type, aliases, tags, self.id, enc
+            ),
+        )
         return None if isinstance(artifact_or_path, (str, os.PathLike)) else artifact_or_path
 
     def log_model(
@@ -372,8 +379,9 @@ class Run:
         try:
             data = make(stager, enc)
         except files.FilesRefusedError as exc:
-            warnings.warn(f"wandb_funnel: {what}() was not carried: {exc}", FunnelWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"wandb_funnel: {what}() was not carried: {exc}", FunnelWarning, stacklevel=3
+            )
             data = {"op": "refused", "what": what, "why": str(exc)}
         except BaseException:
             enc.rollback()
@@ -427,14 +435,21 @@ class Run:
         once and counted (``funnel/unsupported_calls``)."""
         if self._info.logger_host not in (None, socket.gethostname()):
             self._unsupported(
-                "sync_tensorboard", "a tensorboard log directory on another host than the "
+                "sync_tensorboard",
+                "a tensorboard log directory on another host than the "
                 "logger's does not reach the run (its tfevents files are not on the logger's "
-                "disk)")
+                "disk)",
+            )
             return
-        self._send_update(TENSORBOARD, {
-            "log_dir": os.fspath(logdir), "save": bool(save),
-            "root_dir": os.fspath(root_logdir or ""), "cwd": os.getcwd(),
-        })
+        self._send_update(
+            TENSORBOARD,
+            {
+                "log_dir": os.fspath(logdir),
+                "save": bool(save),
+                "root_dir": os.fspath(root_logdir or ""),
+                "cwd": os.getcwd(),
+            },
+        )
 
     def _count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to this process's count ``key`` in the run's summary."""

@@ -82,8 +82,9 @@ def _arm(handler_runs: Callable[[], int]) -> None:
     signal.signal(NUDGE_SIGNAL, _do_nothing)
     main = threading.main_thread().ident
     assert main is not None
-    threading.Thread(target=_watch, args=(reader, main, handler_runs),
-                     name="wandb-funnel-signals", daemon=True).start()
+    threading.Thread(
+        target=_watch, args=(reader, main, handler_runs), name="wandb-funnel-signals", daemon=True
+    ).start()
 
 
 def _disarm() -> None:

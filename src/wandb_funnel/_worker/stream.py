@@ -70,9 +70,7 @@ class Stream:
         self._welcomed = False
         self.closed = False
         self._sock = ClientSocket(endpoint, self._identity, SEND_HWM, curve)
-        hello = Hello(
-            token, self.pid, _HOSTNAME, requested_rank, _pid.pid_start_time(self.pid)
-        )
+        hello = Hello(token, self.pid, _HOSTNAME, requested_rank, _pid.pid_start_time(self.pid))
         self._sock.try_send(codec.encode_hello(hello))  # a fresh queue always has room
         _register(self)
 
@@ -144,7 +142,7 @@ class Stream:
             if self.closed:
                 return False
             for offset in range(0, max(len(data), 1), BATCH_BYTES):
-                chunk = data[offset:offset + BATCH_BYTES]
+                chunk = data[offset : offset + BATCH_BYTES]
                 frame = codec.encode_blob(Blob(name, offset, len(data), chunk))
                 if not self._sock.try_send(frame):
                     return False
@@ -204,9 +202,7 @@ class Stream:
             self._lock.release()
 
     # -- the end of a stream ---------------------------------------------------------------
-    def close(
-        self, reason: str, timeout: float = FINAL_FLUSH_TIMEOUT, exit_code: int = 0
-    ) -> None:
+    def close(self, reason: str, timeout: float = FINAL_FLUSH_TIMEOUT, exit_code: int = 0) -> None:
         """Send what is left and a goodbye, wait for the logger's receipt; all within
         ``timeout`` seconds. Warns with numbers when anything may be missing from the run."""
         # A signal landing meanwhile waits for the goodbye (its handler may exit the process).

@@ -39,7 +39,7 @@ def _stat(pid: int) -> tuple[int, float, int] | None:
             raw = f.read().decode("ascii", "replace")
     except OSError:
         return None
-    fields = raw[raw.rfind(")") + 2:].split()  # after "pid (comm) ": state is fields[0]
+    fields = raw[raw.rfind(")") + 2 :].split()  # after "pid (comm) ": state is fields[0]
     try:
         cpu = sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICKS
         return int(fields[1]), cpu, int(fields[17])
@@ -130,8 +130,7 @@ def _nvml() -> Any:
         import pynvml  # nvidia-ml-py
 
         pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                   for i in range(pynvml.nvmlDeviceGetCount())]
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     except Exception:  # not installed, no driver, no device: nothing GPU here
         return None
     if not handles:

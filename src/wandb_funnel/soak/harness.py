@@ -99,8 +99,13 @@ def _role(proc: psutil.Process, owner_pid: int) -> str:
 
 # Never the "worker" a kill-worker fault means: multiprocessing's own helper processes, and
 # the ones wandb-core starts (its system monitor).
-_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver",
-            "multiprocessing.semaphore_tracker", "wandb-symon", "gpu_stats")
+_HELPERS = (
+    "multiprocessing.resource_tracker",
+    "multiprocessing.forkserver",
+    "multiprocessing.semaphore_tracker",
+    "wandb-symon",
+    "gpu_stats",
+)
 
 
 def _is_helper(proc: psutil.Process) -> bool:
@@ -155,17 +160,33 @@ def _command(scenario: Scenario, program: str, rng: random.Random) -> list[str]:
     if not scenario.torchrun:
         return [sys.executable, path, *scenario.args]
     nproc = scenario.torchrun if scenario.torchrun > 0 else rng.randint(2, 4)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(nproc), path, *scenario.args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        path,
+        *scenario.args,
+    ]
 
 
-def _environment(mark: str, wandb_dir: pathlib.Path, tmp: str, events: str, sent: str,
-                 seed: str) -> dict[str, str]:
-    return clean_environment(wandb_dir, tmp, mark=mark, extra={
-        probe.EVENTS_ENV: events, probe.SENT_ENV: sent, probe.SEED_ENV: seed,
-        # One thread per process unless the caller chose: 2-4 ranks on a small machine.
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-    })
+def _environment(
+    mark: str, wandb_dir: pathlib.Path, tmp: str, events: str, sent: str, seed: str
+) -> dict[str, str]:
+    return clean_environment(
+        wandb_dir,
+        tmp,
+        mark=mark,
+        extra={
+            probe.EVENTS_ENV: events,
+            probe.SENT_ENV: sent,
+            probe.SEED_ENV: seed,
+            # One thread per process unless the caller chose: 2-4 ranks on a small machine.
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        },
+    )
 
 
 class _Fault:
@@ -173,8 +194,14 @@ class _Fault:
     or, for a program that does not use the probe (``Fault.needs_probe=False``), from its
     start."""
 
-    def __init__(self, scenario: Scenario, job: _Job, rng: random.Random,
-                 owner: subprocess.Popen[bytes], started: float) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        job: _Job,
+        rng: random.Random,
+        owner: subprocess.Popen[bytes],
+        started: float,
+    ) -> None:
         self.spec = scenario.fault
         self.owner = owner
         self.job, self.rng = job, rng
@@ -251,8 +278,11 @@ class _Fault:
 
     def _kill_group(self) -> None:
         if self.owner.poll() is None:  # not reaped, so the group id is still the job's
-            self.killed = [f"{_role(p, self.job.owner_pid)}:{p.pid}"
-                           for p in self.job.processes() if _pgid(p.pid) == self.owner.pid]
+            self.killed = [
+                f"{_role(p, self.job.owner_pid)}:{p.pid}"
+                for p in self.job.processes()
+                if _pgid(p.pid) == self.owner.pid
+            ]
             _killpg(self.owner.pid)
 
     def _kill_one(self, role: str) -> bool:
@@ -293,8 +323,13 @@ def _dump_stacks(job: _Job, path: pathlib.Path) -> None:
             out.write(_thread_signal_state(proc.pid))
             out.flush()
             try:
-                subprocess.run([spy, "dump", "--pid", str(proc.pid)], stdout=out,
-                               stderr=subprocess.STDOUT, timeout=20, check=False)
+                subprocess.run(
+                    [spy, "dump", "--pid", str(proc.pid)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=20,
+                    check=False,
+                )
             except subprocess.TimeoutExpired:
                 out.write("(py-spy timed out)\n")
 
@@ -311,8 +346,9 @@ def _thread_signal_state(pid: int) -> str:
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
-                fields = [ln.decode(errors="replace").strip() for ln in f
-                          if ln.split(b":")[0] in keys]
+                fields = [
+                    ln.decode(errors="replace").strip() for ln in f if ln.split(b":")[0] in keys
+                ]
         except OSError:
             continue
         lines.append(f"  thread {tid}: " + "  ".join(fields))
@@ -337,8 +373,14 @@ def _describe(proc: psutil.Process) -> str:
     return describe(proc, 100)
 
 
-def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: str,
-                  plain: bool = False, abort: threading.Event | None = None) -> Iteration:
+def run_iteration(
+    scenario: Scenario,
+    index: int,
+    out_dir: pathlib.Path,
+    seed: str,
+    plain: bool = False,
+    abort: threading.Event | None = None,
+) -> Iteration:
     """Run ``scenario`` once (its plain-wandb program when ``plain``) and check everything.
 
     The iteration's directory (``out_dir/<name>-<index>``) is the job's ``WANDB_DIR`` and
@@ -372,8 +414,15 @@ def run_iteration(scenario: Scenario, index: int, out_dir: pathlib.Path, seed: s
     return it
 
 
-def _run_job(scenario: Scenario, it: Iteration, program: str, directory: pathlib.Path,
-             tmp: str, plain: bool, abort: threading.Event | None) -> None:
+def _run_job(
+    scenario: Scenario,
+    it: Iteration,
+    program: str,
+    directory: pathlib.Path,
+    tmp: str,
+    plain: bool,
+    abort: threading.Event | None,
+) -> None:
     events, sent = str(directory / "events.jsonl"), str(directory / "sent.bin")
     probe.create_sent_file(sent)
     rng = random.Random(it.seed)
@@ -383,7 +432,11 @@ def _run_job(scenario: Scenario, it: Iteration, program: str, directory: pathlib
     with open(directory / "stdout.txt", "wb") as out, open(directory / "stderr.txt", "wb") as err:
         try:
             proc = subprocess.Popen(
-                it.command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                it.command,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
                 env=_environment(mark, directory, tmp, events, sent, it.seed),
                 start_new_session=True,
             )
@@ -425,9 +478,16 @@ def _end_job(job: _Job, it: Iteration) -> None:
         it.problems.append(f"survived SIGKILL for {_END_JOB_WAIT:.0f}s: {survivors}")
 
 
-def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes], job: _Job,
-               events: str, rng: random.Random, plain: bool,
-               abort: threading.Event | None) -> None:
+def _supervise(
+    scenario: Scenario,
+    it: Iteration,
+    proc: subprocess.Popen[bytes],
+    job: _Job,
+    events: str,
+    rng: random.Random,
+    plain: bool,
+    abort: threading.Event | None,
+) -> None:
     t_start, wall_start = time.monotonic(), time.time()
     fault = _Fault(scenario, job, rng, proc, t_start)
     deadline = t_start + scenario.deadline
@@ -492,12 +552,14 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
         for ev in final
     )
     it.fault_after_end = fault.done_at is not None and any(
-        ev["event"] == "program_end" and ev["t"] <= fault.done_at
-        for ev in final
+        ev["event"] == "program_end" and ev["t"] <= fault.done_at for ev in final
     )
     ends = [ev["t"] for ev in final if ev["event"] == "train_end"]
-    t0 = fault.done_at if (fault.done_at and scenario.fault and scenario.fault.ends_training) \
+    t0 = (
+        fault.done_at
+        if (fault.done_at and scenario.fault and scenario.fault.ends_training)
         else (max(ends) if ends else None)
+    )
     if all_gone_at is not None and t0 is not None:
         it.exit_s = round(max(0.0, all_gone_at - t0), 3)
     it.rates = [round(ev["per_s"]) for ev in final if ev["event"] == "rate"]
@@ -517,9 +579,7 @@ def _supervise(scenario: Scenario, it: Iteration, proc: subprocess.Popen[bytes],
                 it.known_abort = True  # torch's, not ours: counted apart (Scenario.known_abort)
             else:
                 reached = f" (the fault reached {fault.signalled})" if fault.signalled else ""
-                it.problems.append(
-                    f"owner exit code {it.owner_exit}, expected {expected}{reached}"
-                )
+                it.problems.append(f"owner exit code {it.owner_exit}, expected {expected}{reached}")
 
 
 def _read_tail(path: pathlib.Path, limit: int = 65536) -> str:
@@ -556,8 +616,9 @@ def _check_sockets(it: Iteration, tmp: str) -> None:
         it.problems.append(f"socket files left: {it.leftover_sockets}")
 
 
-def _account(scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: str,
-             plain: bool) -> None:
+def _account(
+    scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: str, plain: bool
+) -> None:
     """What the ``.wandb`` files say, and, when the program counted what it sent through the
     probe, the balance sent = logged + dropped (+ lost with a reason). A program that never
     used the probe (a user's) is not balanced: nothing says what it sent."""
@@ -572,9 +633,13 @@ def _account(scenario: Scenario, it: Iteration, directory: pathlib.Path, sent: s
         return
     it.run_exits = [r.exit_code for r in runs]
     it.runs = [
-        {"file": str(r.path.relative_to(directory)), "exit_code": r.exit_code,
-         "history_rows": len(r.history), "records": r.summary.get("funnel/records"),
-         "dropped_records": r.summary.get("funnel/dropped_records")}
+        {
+            "file": str(r.path.relative_to(directory)),
+            "exit_code": r.exit_code,
+            "history_rows": len(r.history),
+            "records": r.summary.get("funnel/records"),
+            "dropped_records": r.summary.get("funnel/dropped_records"),
+        }
         for r in runs
     ]
     it.dropped = sum(int(r.summary.get("funnel/dropped_records", 0)) for r in runs)

@@ -54,12 +54,14 @@ def clean_environment(
     """
     source = os.environ if base is None else base
     env = {k: v for k, v in source.items() if not k.startswith(drop)}
-    env.update({
-        "WANDB_DIR": os.fspath(wandb_dir),
-        "WANDB_MODE": "offline",
-        "WANDB_SILENT": "true",
-        "TMPDIR": os.fspath(wandb_dir if tmpdir is None else tmpdir),
-    })
+    env.update(
+        {
+            "WANDB_DIR": os.fspath(wandb_dir),
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "TMPDIR": os.fspath(wandb_dir if tmpdir is None else tmpdir),
+        }
+    )
     if unbuffered:
         env["PYTHONUNBUFFERED"] = "1"
     if mark is not None:

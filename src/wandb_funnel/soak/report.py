@@ -16,13 +16,25 @@ from typing import Any
 from wandb_funnel.soak.harness import Iteration
 
 COLUMNS = [
-    ("scenario", "scenario"), ("iterations", "iters"), ("failed", "failed"), ("hangs", "hangs"),
-    ("faults_missed", "faults missed"), ("known_aborts", "known aborts"),
-    ("exit_p50_s", "exit p50 s"), ("exit_p95_s", "exit p95 s"), ("exit_max_s", "exit max s"),
-    ("sent", "sent"), ("logged", "logged"), ("dropped", "dropped"), ("lost", "lost"),
-    ("leftover_processes", "procs left"), ("leftover_sockets", "sockets left"),
+    ("scenario", "scenario"),
+    ("iterations", "iters"),
+    ("failed", "failed"),
+    ("hangs", "hangs"),
+    ("faults_missed", "faults missed"),
+    ("known_aborts", "known aborts"),
+    ("exit_p50_s", "exit p50 s"),
+    ("exit_p95_s", "exit p95 s"),
+    ("exit_max_s", "exit max s"),
+    ("sent", "sent"),
+    ("logged", "logged"),
+    ("dropped", "dropped"),
+    ("lost", "lost"),
+    ("leftover_processes", "procs left"),
+    ("leftover_sockets", "sockets left"),
     ("wandb_sockets", "wandb-core sockets left"),
-    ("logger_rss_mb", "logger MB"), ("worker_rss_mb", "worker MB"), ("plain", "plain wandb"),
+    ("logger_rss_mb", "logger MB"),
+    ("worker_rss_mb", "worker MB"),
+    ("plain", "plain wandb"),
 ]
 _ACCOUNTING = [("sent", "sent"), ("logged", "logged"), ("dropped", "dropped"), ("lost", "lost")]
 
@@ -32,13 +44,22 @@ def user_columns(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     what it sent through the probe (otherwise just what the runs say they dropped)."""
     accounting = _ACCOUNTING if any(row["probe"] for row in rows) else [("dropped", "dropped")]
     return [
-        ("scenario", "fault"), ("iterations", "iters"), ("failed", "failed"),
-        ("hangs", "hangs"), ("faults_missed", "faults missed"),
-        ("owner_exits", "owner exit codes"), ("run_exits", "run exit records"),
-        ("fault_at_p50_s", "fault at p50 s"), ("exit_p50_s", "exit p50 s"),
-        ("exit_max_s", "exit max s"), ("duration_p50_s", "job p50 s"), *accounting,
-        ("leftover_processes", "procs left"), ("leftover_sockets", "sockets left"),
-        ("wandb_sockets", "wandb-core sockets left"), ("logger_rss_mb", "logger MB"),
+        ("scenario", "fault"),
+        ("iterations", "iters"),
+        ("failed", "failed"),
+        ("hangs", "hangs"),
+        ("faults_missed", "faults missed"),
+        ("owner_exits", "owner exit codes"),
+        ("run_exits", "run exit records"),
+        ("fault_at_p50_s", "fault at p50 s"),
+        ("exit_p50_s", "exit p50 s"),
+        ("exit_max_s", "exit max s"),
+        ("duration_p50_s", "job p50 s"),
+        *accounting,
+        ("leftover_processes", "procs left"),
+        ("leftover_sockets", "sockets left"),
+        ("wandb_sockets", "wandb-core sockets left"),
+        ("logger_rss_mb", "logger MB"),
     ]
 
 
@@ -67,38 +88,40 @@ def summarize(iterations: Iterable[Iteration]) -> list[dict[str, Any]]:
         durations = sorted(i.duration_s for i in ours if i.duration_s is not None)
         fault_at = sorted(i.fault_at_s for i in ours if i.fault_at_s is not None)
         reasons = sorted({i.lost_reason for i in ours if i.lost_reason})
-        rows.append({
-            "scenario": name,
-            "iterations": len(ours),
-            "failed": sum(not i.ok for i in ours),
-            "hangs": sum(i.hang for i in ours),
-            "faults_missed": sum(
-                1 for i in ours if (not i.fault_done or i.fault_after_end) and i.fault
-            ),
-            "known_aborts": sum(i.known_abort for i in ours),
-            "exit_p50_s": _quantile(exits, 0.5),
-            "exit_p95_s": _quantile(exits, 0.95),
-            "exit_max_s": exits[-1] if exits else None,
-            "sent": sum(i.sent for i in ours),
-            "logged": sum(i.logged for i in ours),
-            "dropped": sum(i.dropped for i in ours),
-            "lost": sum(i.lost for i in ours if i.lost > 0),
-            "lost_reasons": reasons,
-            "leftover_processes": sum(len(i.leftover_processes) for i in ours),
-            "leftover_sockets": sum(len(i.leftover_sockets) for i in ours),
-            "wandb_sockets": sum(len(i.wandb_sockets) for i in ours),
-            "logger_rss_mb": max((i.peak_rss_mb.get("logger", 0) for i in ours), default=0),
-            "worker_rss_mb": max((i.peak_rss_mb.get("worker", 0) for i in ours), default=0),
-            "worker_rate_per_s": _median([r for i in ours for r in i.rates]),
-            "plain": _plain(plain),
-            "owner_exits": _counts("hang" if i.hang else i.owner_exit for i in ours),
-            "run_exits": _run_exits(ours),
-            "runs": sum(len(i.run_exits) for i in ours),
-            "fault_at_p50_s": _quantile(fault_at, 0.5),
-            "duration_p50_s": _quantile(durations, 0.5),
-            "probe": any(i.probe_used for i in ours),
-            "problems": [f"#{i.index} seed={i.seed}: {p}" for i in ours for p in i.problems],
-        })
+        rows.append(
+            {
+                "scenario": name,
+                "iterations": len(ours),
+                "failed": sum(not i.ok for i in ours),
+                "hangs": sum(i.hang for i in ours),
+                "faults_missed": sum(
+                    1 for i in ours if (not i.fault_done or i.fault_after_end) and i.fault
+                ),
+                "known_aborts": sum(i.known_abort for i in ours),
+                "exit_p50_s": _quantile(exits, 0.5),
+                "exit_p95_s": _quantile(exits, 0.95),
+                "exit_max_s": exits[-1] if exits else None,
+                "sent": sum(i.sent for i in ours),
+                "logged": sum(i.logged for i in ours),
+                "dropped": sum(i.dropped for i in ours),
+                "lost": sum(i.lost for i in ours if i.lost > 0),
+                "lost_reasons": reasons,
+                "leftover_processes": sum(len(i.leftover_processes) for i in ours),
+                "leftover_sockets": sum(len(i.leftover_sockets) for i in ours),
+                "wandb_sockets": sum(len(i.wandb_sockets) for i in ours),
+                "logger_rss_mb": max((i.peak_rss_mb.get("logger", 0) for i in ours), default=0),
+                "worker_rss_mb": max((i.peak_rss_mb.get("worker", 0) for i in ours), default=0),
+                "worker_rate_per_s": _median([r for i in ours for r in i.rates]),
+                "plain": _plain(plain),
+                "owner_exits": _counts("hang" if i.hang else i.owner_exit for i in ours),
+                "run_exits": _run_exits(ours),
+                "runs": sum(len(i.run_exits) for i in ours),
+                "fault_at_p50_s": _quantile(fault_at, 0.5),
+                "duration_p50_s": _quantile(durations, 0.5),
+                "probe": any(i.probe_used for i in ours),
+                "problems": [f"#{i.index} seed={i.seed}: {p}" for i in ours for p in i.problems],
+            }
+        )
     return rows
 
 
@@ -132,20 +155,33 @@ def _cell(value: Any) -> str:
     return "-" if value is None or value == "" else str(value)
 
 
-def markdown(rows: list[dict[str, Any]], header: dict[str, Any],
-             columns: list[tuple[str, str]] | None = None) -> str:
+def markdown(
+    rows: list[dict[str, Any]], header: dict[str, Any], columns: list[tuple[str, str]] | None = None
+) -> str:
     columns = COLUMNS if columns is None else columns
     lines = [
-        (f"Soak: {header['iterations']} iterations, {header['duration_min']} min, "
-         f"{header['date']}, {header['machine']}"),
+        (
+            f"Soak: {header['iterations']} iterations, {header['duration_min']} min, "
+            f"{header['date']}, {header['machine']}"
+        ),
         "",
     ]
     if header.get("aborted_iterations"):
-        lines += [(f"Aborted: {header['aborted_iterations']} running iteration(s) killed by a "
-                   "second Ctrl-C or SIGTERM, not in the table."), ""]
+        lines += [
+            (
+                f"Aborted: {header['aborted_iterations']} running iteration(s) killed by a "
+                "second Ctrl-C or SIGTERM, not in the table."
+            ),
+            "",
+        ]
     if header.get("target"):
-        lines += [(f"Command: `{header['target']}`. Exit codes are reported, not judged; a "
-                   "hang, a process or a funnel socket left behind fails an iteration."), ""]
+        lines += [
+            (
+                f"Command: `{header['target']}`. Exit codes are reported, not judged; a "
+                "hang, a process or a funnel socket left behind fails an iteration."
+            ),
+            "",
+        ]
     lines += [
         "| " + " | ".join(title for _, title in columns) + " |",
         "|" + "---|" * len(columns),
@@ -155,11 +191,15 @@ def markdown(rows: list[dict[str, Any]], header: dict[str, Any],
     if reasons:
         lines += ["", "Losses with a reason (the fault itself destroys them):"]
         lines += [f"- {r}" for r in reasons]
-    rates = [(row["scenario"], row["worker_rate_per_s"]) for row in rows
-             if row["worker_rate_per_s"]]
+    rates = [
+        (row["scenario"], row["worker_rate_per_s"]) for row in rows if row["worker_rate_per_s"]
+    ]
     if rates:
-        lines += ["", "Worker log() rate while the sink falls behind (median, records/s): "
-                  + ", ".join(f"{name} {rate}" for name, rate in rates)]
+        lines += [
+            "",
+            "Worker log() rate while the sink falls behind (median, records/s): "
+            + ", ".join(f"{name} {rate}" for name, rate in rates),
+        ]
     problems = [p for row in rows for p in row["problems"]]
     if problems:
         lines += ["", "Failures:"] + [f"- {p}" for p in problems[:50]]
@@ -170,20 +210,29 @@ def text(rows: list[dict[str, Any]], columns: list[tuple[str, str]] | None = Non
     columns = COLUMNS if columns is None else columns
     widths = [max(len(title), *(len(_cell(r[key])) for r in rows)) for key, title in columns]
     out = ["  ".join(t.ljust(w) for (_, t), w in zip(columns, widths, strict=True))]
-    out += ["  ".join(_cell(row[k]).ljust(w) for (k, _), w in zip(columns, widths, strict=True))
-            for row in rows]
+    out += [
+        "  ".join(_cell(row[k]).ljust(w) for (k, _), w in zip(columns, widths, strict=True))
+        for row in rows
+    ]
     return "\n".join(out)
 
 
 def machine() -> str:
     import os
 
-    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}"
+    )
 
 
-def write(out_dir: pathlib.Path, rows: list[dict[str, Any]], header: dict[str, Any],
-          iterations: list[Iteration], columns: list[tuple[str, str]] | None = None) -> None:
+def write(
+    out_dir: pathlib.Path,
+    rows: list[dict[str, Any]],
+    header: dict[str, Any],
+    iterations: list[Iteration],
+    columns: list[tuple[str, str]] | None = None,
+) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {**header, "scenarios": rows, "runs": [i.as_dict() for i in iterations]}
     (out_dir / "soak.json").write_text(json.dumps(payload, indent=1))

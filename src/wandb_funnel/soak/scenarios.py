@@ -31,8 +31,16 @@ from dataclasses import dataclass, field, replace
 #   kill-logger       SIGKILL to the logger process
 #   kill-wandb-core   SIGKILL to wandb-core
 #   stall-wandb-core  SIGSTOP wandb-core for ``grace`` s, then SIGCONT: a sink that stalls
-ACTIONS = ("sigint-group", "preempt", "scancel", "sigterm-owner", "kill-worker", "kill-logger",
-           "kill-wandb-core", "stall-wandb-core")
+ACTIONS = (
+    "sigint-group",
+    "preempt",
+    "scancel",
+    "sigterm-owner",
+    "kill-worker",
+    "kill-logger",
+    "kill-wandb-core",
+    "stall-wandb-core",
+)
 
 
 @dataclass(frozen=True)
@@ -127,8 +135,11 @@ def load_matrix(path: os.PathLike[str] | str) -> list[Scenario]:
         return str(base / program)  # an absolute ``program`` stays as it is
 
     return [
-        replace(s, program=resolve(s.program) if s.program else s.program,
-                plain=resolve(s.plain) if s.plain else s.plain)
+        replace(
+            s,
+            program=resolve(s.program) if s.program else s.program,
+            plain=resolve(s.plain) if s.plain else s.plain,
+        )
         for s in scenarios
     ]
 
@@ -178,22 +189,34 @@ def user_matrix(
     names = list(dict.fromkeys(faults)) if faults else list(USER_FAULTS)
     unknown = [n for n in names if n not in USER_FAULTS]
     if unknown:
-        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: "
-                         f"{', '.join(USER_FAULTS)}")
+        raise ValueError(f"unknown fault(s) {', '.join(unknown)}; known: {', '.join(USER_FAULTS)}")
     scenarios = []
     for name in names:
         action, summary = USER_FAULTS[name]
         fault = None
         if action is not None:
-            fault = Fault(action, delay=fault_after,
-                          grace=grace if action in _USER_GRACE_ACTIONS else (0.0, 0.0),
-                          needs_probe=wait_ready)
-        scenarios.append(Scenario(
-            name, summary, command=tuple(command), deadline=deadline, owner_exit=None,
-            run_exit=None, fault=fault, may_lose=_USER_LOSSES.get(name),
-            may_lose_if_killed=(
-                "the job outlived the grace period: the SIGKILL that ended it cost the "
-                "records still in flight" if name == "preempt" else None
-            ),
-        ))
+            fault = Fault(
+                action,
+                delay=fault_after,
+                grace=grace if action in _USER_GRACE_ACTIONS else (0.0, 0.0),
+                needs_probe=wait_ready,
+            )
+        scenarios.append(
+            Scenario(
+                name,
+                summary,
+                command=tuple(command),
+                deadline=deadline,
+                owner_exit=None,
+                run_exit=None,
+                fault=fault,
+                may_lose=_USER_LOSSES.get(name),
+                may_lose_if_killed=(
+                    "the job outlived the grace period: the SIGKILL that ended it cost the "
+                    "records still in flight"
+                    if name == "preempt"
+                    else None
+                ),
+            )
+        )
     return scenarios
