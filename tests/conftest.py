@@ -92,6 +92,21 @@ class Scripts:
         t0 = time.monotonic()
         return self.finish(self.start_file(path, args, extra_env), timeout, t0)
 
+    def run_command(
+        self, argv: list[str], extra_env: dict[str, str] | None = None, timeout: float = 200
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a command (a launcher, ``wandb-funnel run``, pytest) in this scenario's
+        directory and environment, its output captured; its exit status is not checked."""
+        return subprocess.run(
+            argv,
+            cwd=self.tmp_path,
+            env=self.env(extra_env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     def finish(self, proc: subprocess.Popen[str], timeout: float, t0: float) -> ScriptResult:
         try:
             out, err = proc.communicate(timeout=timeout)

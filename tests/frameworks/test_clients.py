@@ -9,7 +9,6 @@ plain run, carry the name the user gave, be the only run, and end with exit code
 from __future__ import annotations
 
 import pathlib
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -64,15 +63,7 @@ CLIENTS: dict[str, str] = {  # client -> the run name the user gave
 
 
 def _run(scripts: Scripts, argv: list[str], extra_env: dict[str, str]) -> WandbRun:
-    proc = subprocess.run(
-        argv,
-        cwd=scripts.tmp_path,
-        env=scripts.env(extra_env),
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
+    proc = scripts.run_command(argv, extra_env, timeout=400)
     tail = f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, tail
     runs = find_runs(scripts.wandb_dir)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -32,15 +31,7 @@ _EVENTS_FILE = re.compile(r"events\.out\.tfevents\.[^/]+$")
 
 
 def _run(scripts: Scripts, argv: list[str], env: dict[str, str]) -> list[WandbRun]:
-    proc = subprocess.run(
-        argv,
-        cwd=scripts.tmp_path,
-        env=scripts.env(env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = scripts.run_command(argv, env, timeout=300)
     tail = f"--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-6000:]}"
     assert proc.returncode == 0, tail
     assert not leftover_processes(scripts.mark), leftover_processes(scripts.mark)

@@ -4,7 +4,7 @@ two spawned workers), in a process of its own, where wandb cannot even be import
 from __future__ import annotations
 
 import os
-import subprocess
+import shutil
 import sys
 
 import pytest
@@ -21,24 +21,21 @@ def test_a_users_test_gets_every_row_without_wandb(scripts: Scripts) -> None:
     poison.mkdir(parents=True)
     (poison / "__init__.py").write_text("raise ImportError('wandb imported under capture_run')\n")
     path = os.pathsep.join([str(poison.parent), os.environ.get("PYTHONPATH", "")])
+    # The user's test file in a directory of its own, as a user has it (not under our tests/,
+    # whose conftest and pyproject would apply).
+    shutil.copy(PROGRAMS / "user_test_capture.py", scripts.tmp_path / "test_my_logging.py")
     before = set(os.listdir(scripts.tmp_path))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(PROGRAMS / "user_test_capture.py"),
-        ],
-        cwd=scripts.tmp_path,
-        env=scripts.env({"PYTHONPATH": path}),
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
-    )
+    pytest_argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "test_my_logging.py",
+    ]
+    env = {"PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = scripts.run_command(pytest_argv, env, timeout=100)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
     # No run directory, and the capture's own directory (under TMPDIR) is gone.

@@ -76,15 +76,7 @@ def test_install_holds_in_every_kind_of_child_process(scripts: Scripts) -> None:
 
 
 def _cli(scripts: Scripts, argv: list[str], env: dict[str, str] | None = None) -> Any:
-    return subprocess.run(
-        [*FUNNEL_RUN, *argv],
-        cwd=scripts.tmp_path,
-        env=scripts.env(env),
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-    )
+    return scripts.run_command([*FUNNEL_RUN, *argv], env)
 
 
 def test_funnel_run_exits_with_the_commands_code_and_exports_the_options(
@@ -136,15 +128,7 @@ def test_a_users_own_global_step_is_kept_as_plain_wandb_keeps_it(
         str(PROGRAMS / "user_global_step.py"),
     ]
     plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
-    plain = subprocess.run(
-        command,
-        cwd=plain_scripts.tmp_path,
-        env=plain_scripts.env(),
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-    )
+    plain = plain_scripts.run_command(command)
     assert plain.returncode == 0, plain.stderr[-4000:]
     funnel = _cli(scripts, command)
     assert funnel.returncode == 0, funnel.stderr[-4000:]

@@ -37,15 +37,7 @@ class Result:
 def _run(scripts: Scripts, variant: str, *args: str) -> Result:
     # wandb speaks as it does for a user (the tests' environment silences it elsewhere).
     env = {"WANDB_SILENT": "false", "WANDB_X_STATS_SAMPLING_INTERVAL": "0.5"}
-    proc = subprocess.run(
-        [*VARIANTS[variant], *args],
-        cwd=scripts.tmp_path,
-        env=scripts.env(env),
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-    )
+    proc = scripts.run_command([*VARIANTS[variant], *args], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert leftover_processes(scripts.mark) == []
     return Result(proc, only_run(scripts.wandb_dir))
@@ -177,24 +169,8 @@ def test_the_footer_shows_a_users_own_global_step_as_plain_wandb_does(
     command = [sys.executable, str(PROGRAMS / "user_global_step.py")]
     env = {"WANDB_SILENT": "false"}
     plain_scripts = Scripts(tmp_path_factory.mktemp("plain-step"))
-    plain = subprocess.run(
-        command,
-        cwd=plain_scripts.tmp_path,
-        env=plain_scripts.env(env),
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-    )
-    funnel = subprocess.run(
-        VARIANTS["run"][:-2] + command,
-        cwd=scripts.tmp_path,
-        env=scripts.env(env),
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-    )
+    plain = plain_scripts.run_command(command, env)
+    funnel = scripts.run_command(VARIANTS["run"][:-2] + command, env)
     assert plain.returncode == 0 and funnel.returncode == 0, funnel.stderr[-3000:]
     assert only_run(scripts.wandb_dir).summary["funnel/records"] == 6
     assert leftover_processes(scripts.mark) == []
