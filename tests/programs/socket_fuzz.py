@@ -476,6 +476,7 @@ def unknown_peers(args: argparse.Namespace) -> None:
 
 # ---- a peer that did say a valid hello ----------------------------------------------------
 KEYS = ["loss", "acc", "a.b", "x/y", "é", "", "global_step", "n"]
+KNOWN_PEER_STEP_KEY = "known-peer-step"  # not in KEYS
 
 
 def random_value(rng: random.Random, depth: int = 0) -> Any:
@@ -560,7 +561,11 @@ class Model:
 )
 def known_peer(args: argparse.Namespace) -> None:
     """--frames fresh, mutated and malformed frames from a peer holding the job's token."""
-    with wf.Funnel(project="t", max_record_bytes=args.max_record_bytes) as funnel:
+    # The fuzzed records may log "global_step" (KEYS), which then is theirs (issue 23): the
+    # funnel's x-axis is a key no fuzzed record can have, so that it names every row's step.
+    with wf.Funnel(
+        project="t", max_record_bytes=args.max_record_bytes, step_key=KNOWN_PEER_STEP_KEY
+    ) as funnel:
         fuzz = Fuzz(args.max_record_bytes)
         rng = fuzz.rng
         funnel.log({"before": 1}, step=0)
