@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from wandb_funnel.soak import jobenv
+from wandb_funnel.soak.runfile import recording_env
 
 MARK_VAR = "WANDB_FUNNEL_TEST_MARK"
 
@@ -48,10 +49,13 @@ class Scripts:
     """Runs the programs of tests/programs (see ``program()``) as owner processes, with a
     deadline and a leftover check."""
 
-    def __init__(self, tmp_path: pathlib.Path) -> None:
+    def __init__(self, tmp_path: pathlib.Path, recording: bool = False) -> None:
         self.tmp_path = tmp_path
         self.wandb_dir = tmp_path
         self.mark = uuid.uuid4().hex
+        # @pytest.mark.sink("record"): the funnel's own semantics, read back from the
+        # recording sink (no wandb-core, no leet inspect); find_runs/only_run read either.
+        self.recording = recording
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         return jobenv.clean_environment(
@@ -60,7 +64,7 @@ class Scripts:
             mark=self.mark,
             mark_var=MARK_VAR,
             drop=("WANDB_",),
-            extra=extra,
+            extra={**(recording_env(self.wandb_dir) if self.recording else {}), **(extra or {})},
         )
 
     def start_file(
@@ -130,8 +134,9 @@ class Scripts:
 
 
 @pytest.fixture
-def scripts(tmp_path: pathlib.Path) -> Iterator[Scripts]:
-    s = Scripts(tmp_path)
+def scripts(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Iterator[Scripts]:
+    sink = request.node.get_closest_marker("sink")  # the nearest: a test's over its module's
+    s = Scripts(tmp_path, recording=sink is not None and sink.args == ("record",))
     yield s
     leftover_processes(s.mark, grace=0)  # never leave anything behind, even on failure
 

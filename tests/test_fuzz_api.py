@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import Scripts, program, reports
 from tests.wandb_reader import only_run
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]  # the funnel's API
 
 MAX_RECORD_BYTES = 20_000
 LOG_EXAMPLES = 700

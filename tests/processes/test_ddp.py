@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import Scripts, program, reports, wait_for_report
 from tests.wandb_reader import WandbRun, find_runs
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]  # the funnel's semantics
 
 STEPS = 15
 
@@ -268,6 +268,7 @@ def test_ddp_example_trains_and_logs(scripts: Scripts) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.sink("wandb")  # what wandb wrote is checked
 def test_media_from_a_rank_on_another_node_cross_as_bytes(scripts: Scripts) -> None:
     """Two "nodes" (rank 1 reaches the logger over TCP, with no shared staging directory):
     rank 1's wf.Image, wandb.Image and table image are sent as bytes in chunks ahead of its

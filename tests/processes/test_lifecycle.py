@@ -14,7 +14,10 @@ from tests.conftest import Scripts, program, reports, wait_for_report
 from tests.wandb_reader import only_run
 from wandb_funnel._constants import BATCH_RECORDS
 
-pytestmark = pytest.mark.processes
+# The funnel's own exit paths, read back from the recording sink; the tests of wandb-core's
+# part (a stalled or orphaned wandb-core, what it flushed before a crash, its write rate)
+# run on wandb.
+pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]
 
 LIFECYCLE = program("lifecycle")  # the owner process of every scenario below
 
@@ -187,6 +190,7 @@ def test_logger_death_does_not_fail_training(scripts: Scripts) -> None:
     assert res.leftovers == []
 
 
+@pytest.mark.sink("wandb")
 def test_owner_killed_logger_exits_by_itself(scripts: Scripts) -> None:
     """SIGKILL to the owner: the logger notices and exits by itself, removing the socket
     directory; no process of the job is left. wandb-core exits with its parent (the owner),
@@ -208,6 +212,7 @@ def test_owner_killed_logger_exits_by_itself(scripts: Scripts) -> None:
     assert res.leftovers == []
 
 
+@pytest.mark.sink("wandb")
 def test_stalled_wandb_finish_is_bounded(scripts: Scripts) -> None:
     """If wandb-core stalls (SIGSTOPped), close() still returns within close_timeout plus
     the kill grace, kills the logger and warns that the run may be incomplete."""
@@ -220,6 +225,7 @@ def test_stalled_wandb_finish_is_bounded(scripts: Scripts) -> None:
     assert res.leftovers == []
 
 
+@pytest.mark.sink("wandb")
 def test_logger_crash_loses_at_most_a_second(scripts: Scripts) -> None:
     """With the short transaction-log flush, rows written >1 s before a logger SIGKILL are
     on disk (wandb's default would keep them in memory for up to 15 s)."""
@@ -259,6 +265,7 @@ def test_backlog_at_exit_is_delivered_or_counted(scripts: Scripts) -> None:
     assert run.summary["funnel/records"] == stats["funnel/records"]
 
 
+@pytest.mark.sink("wandb")
 def test_logger_watchdog_when_owner_dies_and_wandb_stalls(scripts: Scripts) -> None:
     """Owner SIGKILLed while wandb-core is stalled: nobody is left to kill the logger, so it
     ends itself once its budget is spent (close_timeout plus a grace); nothing outlives it."""
@@ -312,6 +319,7 @@ def test_remote_rank_heartbeats_and_death(scripts: Scripts) -> None:
     assert res.leftovers == []
 
 
+@pytest.mark.sink("wandb")
 def test_close_with_a_row_backlog_keeps_its_deadline_and_accounting(scripts: Scripts) -> None:
     """More rows than wandb can write within close_timeout: close() still ends in time, and
     the run still gets its summary and exit record, with the rows that did not fit counted

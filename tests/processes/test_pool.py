@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import Scripts, program, reports
 from tests.wandb_reader import only_run
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]  # the funnel's semantics
 EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 POOL = program("pool")  # the owner process of the scenarios that are not examples
 

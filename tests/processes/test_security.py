@@ -30,7 +30,7 @@ import pytest
 from tests.conftest import Scripts, leftover_processes, program, reports, wait_for_report
 from tests.wandb_reader import only_run
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]  # the funnel's semantics
 
 NOBODY = 65534
 IS_ROOT = os.geteuid() == 0

@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import Scripts, program, reports
 from tests.wandb_reader import only_run
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]  # the funnel's semantics
 
 SEMANTICS = program("semantics")  # the owner process of each scenario below
 
@@ -54,6 +54,7 @@ def test_rare_rank_lands_at_its_steps_without_stalling(scripts: Scripts) -> None
     assert run.summary["funnel/late_records"] == 0
 
 
+@pytest.mark.sink("wandb")  # what wandb wrote is checked
 def test_late_record_is_logged_at_its_step_and_counted(scripts: Scripts) -> None:
     """A record that arrives after its row was written is still logged at its x (the step
     key), not dropped by wandb's step rule, and counted as late."""

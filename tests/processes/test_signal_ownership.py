@@ -29,7 +29,7 @@ STEPS = BATCH_RECORDS + 20  # as in the program
 HANDLER_EXIT = 42
 REPEAT = int(os.environ.get("WANDB_FUNNEL_TEST_REPEAT", "1"))
 # Each case's time limit grows with its repeats (pyproject's timeout is for one run).
-pytestmark = [pytest.mark.processes, pytest.mark.timeout(120 * REPEAT)]
+pytestmark = [pytest.mark.processes, pytest.mark.sink("record"), pytest.mark.timeout(120 * REPEAT)]
 LANDS = ("training", "finish", "exit")
 
 

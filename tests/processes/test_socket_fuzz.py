@@ -25,7 +25,7 @@ import pytest
 from tests.conftest import Scripts, program, reports
 from tests.wandb_reader import only_run
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]  # the funnel's semantics
 
 FRAMES = 100_000
 CHUNKS = 10  # one DEALER per chunk; the first chunk is the warm-up for the memory baseline

@@ -36,7 +36,6 @@ from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._logger.ordering import Reorderer
 from wandb_funnel._logger.receiver import (
     Attached,
-    CloseAsked,
     Ended,
     Event,
     Receiver,
@@ -108,8 +107,7 @@ class Logger:
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
         self._write_deadline: float | None = None  # when closing: rows stop, finish goes on
         self._close_clock: tuple[float, float] | None = None  # when closing: (start, budget)
-        self._signal_code: int | None = None
-        self._owner_lost = False  # set by the owner-watching thread
+        self._close = receiver.close_requests  # every cause of a close asks here
         self._watchdog_lock = threading.Lock()
         self._watchdog_armed = False
         self.final_stats: dict[str, Any] | None = None
@@ -192,16 +190,11 @@ class Logger:
                     rows = writer.order.pop_ready(now, window_applies, _ROWS_PER_WAKE)
                     writer.write(rows, self._write_deadline)
                     more_rows |= len(rows) >= _ROWS_PER_WAKE
-            asked = self._receiver.close_asked
-            if asked is not None and self._closing is None:
-                self._begin_close(asked.exit_code, asked.budget, "closed by the owner", asked.at)
-            if self._owner_lost and self._closing is None:
-                self._begin_close(EXIT_OWNER_LOST, self._close_timeout, "owner lost")
-            if self._signal_code is not None and self._closing is None:
-                self._begin_close(self._signal_code, _SIGNAL_BUDGET, "signalled")
-            if not self._receiver.is_alive() and self._closing is None:
-                why = f"receiver failed: {self._receiver.failure!r}"
-                self._begin_close(EXIT_OWNER_LOST, self._close_timeout, why)
+            # One close path: the owner's CLOSE, a signal, the owner lost and the receiver's
+            # death each ask (close_request.py); the first asked is the close.
+            if self._closing is None and (asked := self._close.first()) is not None:
+                budget = self._close_timeout if asked.budget is None else asked.budget
+                self._begin_close(asked.exit_code, budget, asked.why, asked.at)
             if self._closing is not None:
                 _, straggler_deadline, _ = self._closing
                 if (not self._active and caught_up) or now >= straggler_deadline:
@@ -247,8 +240,6 @@ class Logger:
         elif isinstance(event, Update):
             late = self._write_deadline is not None and time.monotonic() >= self._write_deadline
             self._writer_for(event.rank).update(event.kind, event.data, event.rank, late)
-        elif isinstance(event, CloseAsked) and self._closing is None:
-            self._begin_close(event.exit_code, event.budget, "closed by the owner", event.at)
 
     def _ended(self, event: Ended) -> None:
         self._active.discard(event.rank)
@@ -265,7 +256,8 @@ class Logger:
             writer.finish(code, stats, 0, self._write_deadline, self._closing_step)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signal_code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
+        code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
+        self._close.ask(code, _SIGNAL_BUDGET, "signalled")
 
     def _watch_owner(self) -> None:
         """On its own thread: the main thread may be stuck inside wandb when the owner dies,
@@ -275,7 +267,7 @@ class Logger:
         log_to_stderr(
             f"the owner (pid {self._owner_pid}) is gone without closing; finishing the run"
         )
-        self._owner_lost = True
+        self._close.ask(EXIT_OWNER_LOST, None, "owner lost")
         self._arm_watchdog(self._close_timeout)
 
     def _begin_close(

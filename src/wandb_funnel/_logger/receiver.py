@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from wandb_funnel._constants import BATCH_RECORDS, REMOTE_SILENCE
+from wandb_funnel._constants import BATCH_RECORDS, EXIT_OWNER_LOST, REMOTE_SILENCE
 from wandb_funnel._logger.blobs import BlobWriter
+from wandb_funnel._logger.close_request import CloseRequests
 from wandb_funnel._pid import pid_alive
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import (
@@ -88,14 +89,7 @@ class Ended:
     exit_code: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class CloseAsked:
-    exit_code: int
-    budget: float
-    at: float  # when it arrived (monotonic): the budget runs from here, not from when handled
-
-
-Event = Attached | Records | Update | Ended | CloseAsked
+Event = Attached | Records | Update | Ended
 
 
 @dataclass(slots=True)
@@ -123,6 +117,7 @@ class Receiver(threading.Thread):
         max_queued_records: int,
         first_auto_rank: int = 1,
         staging: str | None = None,
+        close_requests: CloseRequests | None = None,
     ) -> None:
         super().__init__(name="wandb-funnel-receiver", daemon=True)
         self._sock = sock
@@ -142,7 +137,9 @@ class Receiver(threading.Thread):
         self._room = threading.Lock()
         self._max_queued = max_queued_records
         self.closer: bytes | None = None
-        self.close_asked: CloseAsked | None = None
+        # The owner's CLOSE goes here, out of band of the events: behind a backlog of queued
+        # records the writer would see it only after writing them all, past its deadline.
+        self.close_requests = close_requests if close_requests is not None else CloseRequests()
         # Accounting (read by the writer once this thread has stopped).
         self.dropped = 0
         self.junk_frames = 0
@@ -181,9 +178,10 @@ class Receiver(threading.Thread):
     def run(self) -> None:
         try:
             self._serve()
-        except BaseException as exc:  # never die silently: the writer reports it
+        except BaseException as exc:  # never die silently: the run closes, saying why
             self.failure = exc
             log_to_stderr(f"receiver failed: {exc!r}")
+            self.close_requests.ask(EXIT_OWNER_LOST, None, f"receiver failed: {exc!r}")
 
     def _serve(self) -> None:
         next_check = 0.0
@@ -246,11 +244,7 @@ class Receiver(threading.Thread):
                 self.rejected_peers += 1
             elif self.closer is None:
                 self.closer = identity
-                asked = CloseAsked(message.exit_code, message.budget, time.monotonic())
-                # Also out of band: behind a backlog of queued records the writer would see
-                # the CLOSE only after writing them all, long past the owner's deadline.
-                self.close_asked = asked
-                self.events.put(asked)
+                self.close_requests.ask(message.exit_code, message.budget, "closed by the owner")
             return
         peer = self._peers.get(identity)
         if peer is None:  # never said hello (or was rejected): junk, counted

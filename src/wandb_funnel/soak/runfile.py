@@ -2,6 +2,12 @@
 
 Uses ``wandb leet inspect --json`` (shipped inside the wandb wheel), so the soak harness and
 the tests check wandb's own view of the file rather than anything we think we sent.
+
+A job run with the recording sink (``WANDB_FUNNEL_SINK=record:$WANDB_DIR/funnel-recording``,
+see ``recording_env``) leaves JSON lines instead of ``.wandb`` files: ``find_runs`` reads those
+too, into the same ``WandbRun`` (history, config, summary, metrics, exit code, console,
+stats). What only wandb writes (environment, telemetry, files, artifacts, wandb-core's own
+stats) is absent there: a check of that runs on wandb.
 """
 
 from __future__ import annotations
@@ -124,11 +130,61 @@ def _epoch(stamp: str) -> float:
     return whole + (float("0." + frac) if frac else 0.0)
 
 
+RECORDING_DIR = "funnel-recording"  # under $WANDB_DIR, for jobs run on the recording sink
+
+
+def recording_env(wandb_dir: os.PathLike[str] | str) -> dict[str, str]:
+    """The environment that puts a job's runs on the recording sink, where ``find_runs`` reads
+    them: no wandb-core, no ``.wandb`` file, no ``leet inspect``."""
+    from wandb_funnel._constants import ENV_SINK, SINK_RECORD_PREFIX
+
+    directory = pathlib.Path(wandb_dir) / RECORDING_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    return {ENV_SINK: f"{SINK_RECORD_PREFIX}{directory}"}
+
+
+def read_recording(path: os.PathLike[str] | str) -> WandbRun:
+    """Parse one recording (``<run id>.jsonl``, the recording sink's) into a ``WandbRun``.
+    A last line cut by a killed logger is left out, as wandb's reader leaves a cut record."""
+    run = WandbRun(pathlib.Path(path), run_id=pathlib.Path(path).stem)
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                continue
+            entry = json.loads(line)
+            kind, data = entry["kind"], entry["data"]
+            run.record_types[kind] = run.record_types.get(kind, 0) + 1
+            if kind == "init":
+                run.name = data.get("name") or ""
+                run.group = data.get("group") or ""
+                run.config.update(data.get("config") or {})
+            elif kind == "row":
+                run.history.append(data)
+            elif kind == "config":
+                run.config.update(data)
+            elif kind == "summary":
+                run.summary.update(data)
+            elif kind == "metric":
+                run.metrics.append(data)
+            elif kind == "console":
+                stream = "STDERR" if data["stream"] == "stderr" else "STDOUT"
+                run.output_raw.append({"line": data["text"], "output_type": stream})
+            elif kind == "stats":
+                run.stats.append(data)
+            elif kind == "tensorboard":
+                run.tbrecords.append(data)
+            elif kind == "finish":
+                run.exit_code = int(data["exit_code"])
+    return run
+
+
 def find_runs(wandb_dir: os.PathLike[str] | str) -> list[WandbRun]:
-    """Every offline run under ``$WANDB_DIR/wandb`` (the ``latest-run`` link skipped)."""
-    root = pathlib.Path(wandb_dir) / "wandb"
-    files = sorted(root.glob("offline-run-*/run-*.wandb"))
-    return [read_run(f) for f in files]
+    """Every offline run under ``$WANDB_DIR/wandb`` (the ``latest-run`` link skipped), and
+    every recording under ``$WANDB_DIR/funnel-recording``."""
+    root = pathlib.Path(wandb_dir)
+    files = sorted((root / "wandb").glob("offline-run-*/run-*.wandb"))
+    recordings = sorted((root / RECORDING_DIR).glob("*.jsonl"))
+    return [read_run(f) for f in files] + [read_recording(f) for f in recordings]
 
 
 def only_run(wandb_dir: os.PathLike[str] | str) -> WandbRun:
