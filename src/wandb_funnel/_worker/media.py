@@ -6,8 +6,9 @@ A media value crosses the wire as a small descriptor (``MEDIA_EXT``, see
 file is handed over by name: written, copied (a user's file) or hard-linked (wandb's own
 temporary file) into the funnel's staging directory, a
 ``media`` folder inside its private 0700 socket directory, which the owner and the logger
-remove on every exit path. The logger turns each descriptor back into the wandb object and
-logs that, so the run records media exactly as plain wandb does; wandb then moves the staged
+remove on every exit path. The logger's wandb sink turns each descriptor back into the wandb
+object (``sinks/wandb/media.py``; wandb's own objects are read by ``sinks/wandb/objects.py``,
+without importing wandb) and logs that, so the run records media exactly as plain wandb does; wandb then moves the staged
 file into the run's ``media/`` folder.
 
 The encoding happens where the data is: a ``wf.Image`` is a PNG by the time it is logged, a
