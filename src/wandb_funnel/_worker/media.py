@@ -8,8 +8,8 @@ temporary file) into the funnel's staging directory, a
 ``media`` folder inside its private 0700 socket directory, which the owner and the logger
 remove on every exit path. The logger's wandb sink turns each descriptor back into the wandb
 object (``sinks/wandb/media.py``; wandb's own objects are read by ``sinks/wandb/objects.py``,
-without importing wandb) and logs that, so the run records media exactly as plain wandb does; wandb then moves the staged
-file into the run's ``media/`` folder.
+without importing wandb) and logs that, so the run records media exactly as plain wandb
+does; wandb then moves the staged file into the run's ``media/`` folder.
 
 The encoding happens where the data is: a ``wf.Image`` is a PNG by the time it is logged, a
 ``wf.Histogram`` holds its bins. A process that only uses the light types never imports wandb.
