@@ -58,4 +58,6 @@ def test_the_logger_process_loads_no_worker_or_owner_module() -> None:
         "wandb_funnel._options",
         "wandb_funnel._pid",
         "wandb_funnel.errors",
+        "wandb_funnel.sinks",  # the Sink protocol and open_sink: where the rows go
+        "wandb_funnel.sinks.refs",  # media refs made into what the sink writes
     }, loaded

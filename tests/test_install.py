@@ -16,11 +16,10 @@ import wandb
 
 import wandb_funnel as wf
 from wandb_funnel import _pid
-from wandb_funnel._constants import ENV_INSTALL
-from wandb_funnel._installed import install as installer
-from wandb_funnel._installed.wandb_run import as_installed
+from wandb_funnel._constants import ENV_INSTALL, ORIGINAL_ATTRIBUTE
 from wandb_funnel._protocol import codec
-from wandb_funnel._wandb import ORIGINAL_ATTRIBUTE
+from wandb_funnel._wandb_module import install as installer
+from wandb_funnel._wandb_module.wandb_run import as_installed
 from wandb_funnel._worker.run import AttachInfo, Run
 from wandb_funnel.errors import FunnelWarning
 
@@ -179,7 +178,7 @@ def test_the_startup_hook_installs_once_wandb_is_imported(tmp_path: Any) -> None
     # Asking for the spec first (HF and accelerate do) and importing later still installs.
     code = (
         "import importlib.util; importlib.util.find_spec('wandb'); import wandb; "
-        "from wandb_funnel._installed import install as i; "
+        "from wandb_funnel._wandb_module import install as i; "
         f"print(hasattr(wandb.init, {ORIGINAL_ATTRIBUTE!r}), i._installed.options)"
     )
     assert _python(code, env) == "True {'reduce': 'max'}"

@@ -12,23 +12,50 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "wandb_funnel"
 
 # role (a module or subpackage of wandb_funnel) -> the roles it must never import
 FORBIDDEN: dict[str, set[str]] = {
-    "_protocol": {"_worker", "_owner", "_logger", "_api", "_wandb", "_current", "_installed"},
-    "_worker": {"_owner", "_logger", "_api", "_wandb", "_launched_init", "_installed"},
-    "_owner": {"_logger", "_api", "_launched_init", "_installed"},
-    "_logger": {"_worker", "_owner", "_api", "_current", "_launched_init", "_installed"},
-    "_options": {"_protocol", "_worker", "_owner", "_logger", "_api", "_installed"},
-    "_constants": {"_protocol", "_worker", "_owner", "_logger", "_api", "_options", "_installed"},
-    "_current": {"_protocol", "_owner", "_logger", "_api", "_installed"},
-    "_pid": {"_protocol", "_worker", "_owner", "_logger", "_api", "_installed"},
-    "_wandb": {"_worker", "_owner", "_logger", "_api", "_installed"},
-    "_launched_init": {"_logger", "_api", "_installed"},
-    "_api": {"_installed"},
-    # The wandb-facing layer sits on top: it uses the API, never the logger's insides.
-    "_installed": {"_logger"},
+    "_protocol": {"_worker", "_owner", "_logger", "_api", "sinks", "_current", "_wandb_module"},
+    "_worker": {"_owner", "_logger", "_api", "_launched_init", "_wandb_module"},
+    "_owner": {"_logger", "_api", "_launched_init", "_wandb_module"},
+    "_logger": {"_worker", "_owner", "_api", "_current", "_launched_init", "_wandb_module"},
+    "_options": {"_protocol", "_worker", "_owner", "_logger", "_api", "sinks", "_wandb_module"},
+    "_constants": {
+        "_protocol",
+        "_worker",
+        "_owner",
+        "_logger",
+        "_api",
+        "_options",
+        "sinks",
+        "_wandb_module",
+    },
+    "_current": {"_protocol", "_owner", "_logger", "_api", "sinks", "_wandb_module"},
+    "_pid": {"_protocol", "_worker", "_owner", "_logger", "_api", "sinks", "_wandb_module"},
+    # Where rows go: below the processes that use it (the logger opens a sink, the owner asks
+    # its backend, a worker reads wandb's media objects through sinks.wandb.objects).
+    "sinks": {
+        "_worker",
+        "_owner",
+        "_logger",
+        "_api",
+        "_current",
+        "_launched_init",
+        "_wandb_module",
+        "_bootstrap",
+        "integrations",
+        "testing",
+        "cli",
+    },
+    "_launched_init": {"_logger", "_api", "_wandb_module"},
+    "_api": {"_wandb_module"},
+    # The layer that mirrors wandb's module API sits on top: it uses the API, never the
+    # logger's insides.
+    "_wandb_module": {"_logger"},
     "integrations": {"_logger", "_owner", "_protocol"},
     # The startup hook imports only the installer, and only once wandb is imported.
-    "_bootstrap": {"_api", "_worker", "_owner", "_logger", "_protocol"},
+    "_bootstrap": {"_api", "_worker", "_owner", "_logger", "_protocol", "sinks"},
 }
+# The only places that may import wandb (an allow-list: a new module anywhere else that
+# imports it fails test_only_the_wandb_packages_import_wandb).
+WANDB_IMPORTERS = ("sinks/wandb/", "_wandb_module/")
 
 
 def _ours(path: pathlib.Path) -> set[str]:
@@ -64,3 +91,101 @@ def test_imports_follow_the_map(path: pathlib.Path) -> None:
 def test_every_role_in_the_map_exists() -> None:
     roles = {_role(p) for p in PACKAGE.rglob("*.py")}
     assert set(FORBIDDEN) <= roles
+
+
+def wandb_imports(source: str) -> list[str]:
+    """How ``source`` imports wandb, one entry a way (empty: it does not): ``import wandb``,
+    ``from wandb... import``, ``importlib.import_module("wandb...")``, ``__import__("wandb...")``
+    (anywhere: top level, functions, ``TYPE_CHECKING`` blocks), and a dynamic import whose
+    name is not a literal (it could be wandb: not allowed outside the wandb packages either)."""
+    found: list[str] = []
+
+    def is_wandb(name: str) -> bool:
+        return name == "wandb" or name.startswith("wandb.")
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if is_wandb(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module and is_wandb(node.module):
+                found.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else func.id
+                if isinstance(func, ast.Name)
+                else None
+            )
+            if name not in ("import_module", "__import__"):
+                continue
+            first = node.args[0] if node.args else None
+            if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                found.append(f"{name}(<not a literal name>)")
+            elif is_wandb(first.value):
+                found.append(f"{name}({first.value!r})")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_only_the_wandb_packages_import_wandb(path: pathlib.Path) -> None:
+    rel = path.relative_to(PACKAGE).as_posix()
+    if rel.startswith(WANDB_IMPORTERS):
+        return
+    found = wandb_imports(path.read_text())
+    assert not found, f"{rel} imports wandb ({found}): only {WANDB_IMPORTERS} may"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import wandb\n",
+        "import wandb.sdk.lib as lib\n",
+        "import os, wandb\n",
+        "def f():\n    from wandb.sdk import wandb_init\n",
+        "from wandb import Settings\n",
+        "import importlib\nimportlib.import_module('wandb.plot')\n",
+        "from importlib import import_module\nimport_module('wandb')\n",
+        "w = __import__('wandb')\n",
+        "name = 'wan' + 'db'\n__import__(name)\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import wandb\n",
+    ],
+)
+def test_the_checker_finds_every_way_to_import_wandb(source: str) -> None:
+    assert wandb_imports(source), source
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import wandb_funnel\n",
+        "from wandb_funnel.sinks import wandb\n",
+        "from . import wandb\n",  # a relative import: wandb_funnel's own module
+        "from .wandb import run\n",
+        "import wandbx\n",
+        "x = 'import wandb'\n",
+        "importlib.import_module('wandb_funnel._logger')\n",
+    ],
+)
+def test_the_checker_leaves_other_imports_alone(source: str) -> None:
+    assert wandb_imports(source) == [], source
+
+
+def test_a_module_planted_outside_the_wandb_packages_fails(tmp_path: pathlib.Path) -> None:
+    """The allow-list test run on a copy of the package with one bad module added: it fails
+    for that module alone, and a module under sinks/wandb/ may import wandb."""
+    import shutil
+
+    copy = tmp_path / "wandb_funnel"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "_logger" / "planted.py").write_text("def f():\n    import wandb.sdk\n")
+    (copy / "sinks" / "wandb" / "planted_ok.py").write_text("import wandb\n")
+    failed = []
+    for path in sorted(copy.rglob("*.py")):
+        rel = path.relative_to(copy).as_posix()
+        if not rel.startswith(WANDB_IMPORTERS) and wandb_imports(path.read_text()):
+            failed.append(rel)
+    assert failed == ["_logger/planted.py"]

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 import wandb_funnel as wf
-from wandb_funnel._logger.media import BadMediaError, MediaFiles, has_media
+from wandb_funnel._logger.media import MediaFiles, has_media
 from wandb_funnel._logger.ordering import Row
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import MediaRef, RecordBatch
 from wandb_funnel._worker import media
+from wandb_funnel.sinks.refs import BadMediaError, materialize
+from wandb_funnel.sinks.wandb.media import Maker
 
 
 def _stager(tmp_path: pathlib.Path, max_bytes: int = 1 << 20) -> media.Stager:
@@ -190,7 +192,7 @@ def test_a_bad_descriptor_costs_its_key_only_counted(tmp_path: pathlib.Path) -> 
         "dropped": MediaRef({"k": "dropped", "what": "Image", "why": "queue full"}),
         "hist": MediaRef({"k": "histogram", "histogram": [1, 2], "bins": [0, 1, 2]}),
     }
-    out, keys = files.materialize(row, wandb)
+    out, keys = materialize(row, files, Maker(wandb))
     assert keys == set(row) - {"ok"}
     assert set(out) == {"ok", "hist"} and isinstance(out["hist"], wandb.Histogram)
     assert files.dropped == 4 and files.logged == 1
@@ -203,7 +205,7 @@ def test_a_staged_image_becomes_wandbs_own_moved_into_the_run(tmp_path: pathlib.
 
     stager = media.Stager(str(tmp_path), 1 << 20)
     packed, staged = _encode(stager, {"img": wf.Image(np.zeros((3, 5, 3), np.uint8), caption="c")})
-    out, _ = MediaFiles(str(tmp_path)).materialize(_decode(packed), wandb)
+    out, _ = materialize(_decode(packed), MediaFiles(str(tmp_path)), Maker(wandb))
     image = out["img"]
     assert type(image) is wandb.Image and image._caption == "c"
     assert (image._width, image._height, image.format) == (5, 3, "png")
@@ -393,7 +395,7 @@ def test_a_descriptor_cannot_steer_where_wandb_writes(tmp_path: pathlib.Path) ->
 
     def make(state: dict[str, Any]) -> dict[str, Any]:
         ref = MediaRef({"k": "file", "c": "Image", "s": state, "f": name})
-        out, _ = files.materialize({"img": ref}, wandb)
+        out, _ = materialize({"img": ref}, files, Maker(wandb))
         return out
 
     image = make(
@@ -432,8 +434,8 @@ def test_one_ref_logged_twice_is_one_wandb_object_and_a_dropped_list_item_is_jus
     dropped = MediaRef({"k": "dropped", "what": "Image", "why": "full"})
     files = MediaFiles(str(tmp_path), lambda message: None)
     other = MediaRef({"k": "histogram", "histogram": [2], "bins": [0, 1]})
-    out, _ = files.materialize(
-        {"img": ref, "img/rank0": ref, "list": [hist, dropped, other]}, wandb
+    out, _ = materialize(
+        {"img": ref, "img/rank0": ref, "list": [hist, dropped, other]}, files, Maker(wandb)
     )
     assert out["img"] is out["img/rank0"]
     assert len(out["list"]) == 2 and files.logged == 3 and files.dropped == 1
@@ -496,5 +498,5 @@ def test_one_value_logged_under_two_keys_is_staged_once_and_logged_once(
     assert len(staged) == 1
     data = _decode(packed)
     assert data["a"] is not data["b"][0] and data["a"].desc["f"] == data["b"][0].desc["f"]
-    out, _ = MediaFiles(str(tmp_path / "media")).materialize(data, wandb)
+    out, _ = materialize(data, MediaFiles(str(tmp_path / "media")), Maker(wandb))
     assert out["a"] is out["b"][0] is out["b"][1]

@@ -9,17 +9,18 @@ import pathlib
 import pytest
 
 from wandb_funnel._constants import ENV_SINK
-from wandb_funnel._logger.recording_sink import RecordingSink
+from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._protocol.messages import MediaRef
+from wandb_funnel.sinks.recording import RecordingSink
 from wandb_funnel.testing import RunCapture, capture_run
 
 
 def test_what_the_sink_records_reads_back_in_order(tmp_path: pathlib.Path) -> None:
     sink = RecordingSink(str(tmp_path), {"id": "r1", "config": {"lr": 0.1}, "settings": {}})
-    sink.log({"loss": 1.0, "global_step": 0})
+    sink.log({"loss": 1.0, "global_step": 0}, None)
     sink.output("stderr", "bar\r", 1.0)
     sink.output("stdout", "{'loss': 1.0}\n", 1.1)
-    sink.log({"loss": math.nan, "img": MediaRef({"k": "file"}), "global_step": 1})
+    sink.log({"loss": math.nan, "global_step": 1}, None)
     sink.update_config({"bs": 8})
     sink.update_summary({"funnel/records": 2})
     sink.define_metric({"name": "loss", "summary": "min"})
@@ -29,20 +30,86 @@ def test_what_the_sink_records_reads_back_in_order(tmp_path: pathlib.Path) -> No
     assert cap.id == "r1" and cap.exit_code == 3
     assert cap.rows == [
         {"loss": 1.0, "global_step": 0},
-        {"loss": "nan", "img": {"_media": "file"}, "global_step": 1},  # JSON has no NaN
+        {"loss": "nan", "global_step": 1},  # JSON has no NaN
     ]
     assert cap.config == {"lr": 0.1, "bs": 8}
     assert cap.summary == {"funnel/records": 2}
     assert cap.metrics == [{"name": "loss", "summary": "min"}]
     assert cap.console == [("stderr", "bar\r"), ("stdout", "{'loss': 1.0}\n")]
     assert cap.console_text == "bar\r{'loss': 1.0}\n"
+    assert cap.files == []
+
+
+def test_media_are_recorded_as_descriptors_and_counted(tmp_path: pathlib.Path) -> None:
+    """What a rank logged, as plain dicts shaped after wandb's: kind, caption and shape where
+    the descriptor has them; a rank's dropped value is left out and counted."""
+    (tmp_path / "run").mkdir()
+    staging = MediaFiles(str(tmp_path), lambda message: None)
+    sink = RecordingSink(str(tmp_path / "run"), {"id": "m"})
+    state = {"_caption": "cat", "_width": 5, "_height": 3, "format": "png", "_size": 9}
+    image = MediaRef({"k": "file", "c": "Image", "s": {**state, "_sha256": "a" * 64}})
+    hist = MediaRef({"k": "histogram", "histogram": [1, 2], "bins": [0, 1, 2]})
+    table = MediaRef({"k": "table", "columns": ["i", "img"], "data": [[1, image]], "mixed": False})
+    dropped = MediaRef({"k": "dropped", "what": "Image", "why": "queue full"})
+    bad = MediaRef({"k": "file", "c": "Artifact", "s": {}})
+    row = {"img": image, "h": hist, "t": table, "gone": dropped, "bad": bad, "step": 0}
+    sink.log(row, staging)
+    sink.finish(0)
+    cap = RunCapture()
+    cap._read(str(tmp_path / "run"))
+    described = {
+        "_type": "image-file",
+        "caption": "cat",
+        "width": 5,
+        "height": 3,
+        "format": "png",
+        "size": 9,
+        "sha256": "a" * 64,
+    }
+    assert cap.rows == [
+        {
+            "img": described,
+            "h": {"_type": "histogram", "values": [1, 2], "bins": [0, 1, 2]},
+            "t": {"_type": "table", "columns": ["i", "img"], "data": [[1, described]]},
+            "step": 0,
+        }
+    ]
+    assert staging.logged == 3 and staging.dropped == 2  # one image (made once), the dropped
+
+
+def test_saved_files_and_artifacts_are_recorded_by_name_and_size(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "run").mkdir()
+    staging = MediaFiles(str(tmp_path), lambda message: None)
+    (tmp_path / "1-1-0123abcd.txt").write_text("hello")
+    (tmp_path / "1-2-0123abcd.bin").write_bytes(b"\0" * 10)
+    sink = RecordingSink(str(tmp_path / "run"), {"id": "f"})
+    staging.log_files(
+        {"op": "save", "entries": [["notes/a.txt", "1-1-0123abcd.txt"]], "policy": "now"}, sink
+    )
+    artifact = {
+        "op": "artifact",
+        "name": "model",
+        "type": "model",
+        "entries": [["w.bin", "1-2-0123abcd.bin"]],
+    }
+    staging.log_files(artifact, sink)
+    staging.log_files({"op": "refused", "what": "save", "why": "another node"}, sink)
+    sink.finish(0)
+    cap = RunCapture()
+    cap._read(str(tmp_path / "run"))
+    assert cap.files == [
+        {"op": "save", "name": "notes/a.txt", "size": 5},
+        {"op": "artifact", "name": "w.bin", "size": 10, "artifact": "model", "type": "model"},
+    ]
+    assert staging.files == 2 and staging.dropped_files == 1  # a refusal is still counted
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # staged copies removed
 
 
 def test_a_line_cut_by_a_killed_logger_is_left_out_and_an_unfinished_run_says_so(
     tmp_path: pathlib.Path,
 ) -> None:
     sink = RecordingSink(str(tmp_path), {"id": "r2"})
-    sink.log({"a": 1})
+    sink.log({"a": 1}, None)
     sink._file.close()  # the logger is gone (its file closed by the kernel)
     with open(tmp_path / "r2.jsonl", "a", encoding="utf-8") as f:
         f.write('{"kind": "row", "data": {"a"')  # the logger died mid-line

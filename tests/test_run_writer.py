@@ -10,10 +10,12 @@ from wandb_funnel._logger.ordering import Reorderer
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.run_writer import RunWriter
 from wandb_funnel._protocol.messages import UpdateKind
+from wandb_funnel.sinks import Staging
 
 
 class RecordingSink:
     run_id = "run"
+    stats_pid: int | None = None
 
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -21,8 +23,14 @@ class RecordingSink:
         self.exit_code: int | None = None
         self.tensorboard_dirs: list[tuple[str, bool, str]] = []
 
-    def log(self, row: dict[str, Any]) -> None:
+    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
         self.rows.append(row)
+
+    def files(self, data: dict[str, Any], staging: Staging) -> None:
+        pass
+
+    def users_step_key(self) -> None:
+        pass
 
     def update_config(self, data: dict[str, Any]) -> None:
         pass
@@ -103,8 +111,8 @@ def test_deadline_passing_while_writing_counts_the_rest_exactly(monkeypatch: Any
     writer.order.add(0, 3, True, {"late": 1}, 0.0)  # pending, not late yet
     log = sink.log
 
-    def slow_log(row: dict[str, Any]) -> None:  # each row costs 1 ms of the budget
-        log(row)
+    def slow_log(row: dict[str, Any], staging: Staging | None) -> None:  # 1 ms of the budget
+        log(row, staging)
         clock.now += 0.001
 
     sink.log = slow_log  # type: ignore[method-assign]

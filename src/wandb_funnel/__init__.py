@@ -33,14 +33,14 @@ def install(**funnel_options: object) -> None:
         ValueError, TypeError: a bad option, named.
     """
     # Here, not at the top: it imports wandb, which a worker that only logs never needs.
-    from wandb_funnel._installed.install import install as install_into_wandb
+    from wandb_funnel._wandb_module.install import install as install_into_wandb
 
     install_into_wandb(**funnel_options)
 
 
 def uninstall() -> None:
     """Put the ``wandb`` module back as it was, here and for processes started from now on."""
-    from wandb_funnel._installed.install import uninstall as uninstall_from_wandb
+    from wandb_funnel._wandb_module.install import uninstall as uninstall_from_wandb
 
     uninstall_from_wandb()
 

@@ -25,6 +25,8 @@ ENV_CURVE: Final = "_WANDB_FUNNEL_CURVE"  # JSON: the client's CURVE keys, when 
 ENV_RANK_PID: Final = "_WANDB_FUNNEL_RANK_PID"
 ENV_SINK: Final = "WANDB_FUNNEL_SINK"  # "null": the logger writes nothing (benchmarks)
 SINK_RECORD_PREFIX: Final = "record:"  # WANDB_FUNNEL_SINK=record:DIR: testing.capture_run()
+# The attribute that holds the real function behind one that install() put on the wandb module.
+ORIGINAL_ATTRIBUTE: Final = "__wandb_funnel_original__"
 # JSON: the open run's name, project, entity, dir, url, ... (what ``wandb.run.name`` answers).
 ENV_RUN_INFO: Final = "_WANDB_FUNNEL_RUN_INFO"
 # Set (to JSON funnel options) by ``install()`` and ``wandb-funnel run``: every Python process

@@ -43,7 +43,7 @@ def _settings_dict(kwargs: dict[str, Any]) -> dict[str, Any] | None:
     if settings is None:
         return None
     if not isinstance(settings, dict):
-        from wandb_funnel._wandb import settings_to_dict
+        from wandb_funnel.sinks.wandb.settings import settings_to_dict
 
         settings = settings_to_dict(settings)
     kwargs["settings"] = settings = dict(settings)

@@ -88,7 +88,7 @@ def init_launched(
     job's store; a rank-0-only job is then hosted by rank 0 as before."""
     # Here, not at the top: torch (the job's store) loads only in a launched job.
     from wandb_funnel._rendezvous import Rendezvous
-    from wandb_funnel._wandb import generate_run_id
+    from wandb_funnel.sinks import generate_run_id
 
     timeout = options.start_timeout
     wandb_init_kwargs = dict(wandb_init_kwargs)

@@ -16,8 +16,13 @@ for real (logger process, sockets, ordering, reduction, accounting), so what ``c
 what wandb would have been given. The recording lives in a private temporary directory,
 removed when the block ends; ``cap`` keeps what was read from it.
 
-Media values appear in rows as ``{"_media": kind}`` placeholders (wandb is what turns them
-into files), and ``log_artifact``/``save`` are counted as dropped files (no run directory).
+Media values appear in rows as plain dicts shaped after what wandb writes for them: ``{"_type":
+"image-file", "caption": ..., "width": ..., "height": ..., "format": ..., "size": ...,
+"sha256": ...}``, ``{"_type": "histogram", "values": [...], "bins": [...]}``, ``{"_type":
+"table", "columns": [...], "data": [...]}`` (the files themselves are not kept).
+``log_artifact`` and ``save`` are in ``cap.files``: one dict per file, ``{"op": "save" or
+"artifact", "name": its name in the run, "size": bytes}`` (and ``"artifact"``, ``"type"``
+for an artifact's).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class CapturedRun:
         self.metrics: list[dict[str, Any]] = []
         self.console: list[tuple[str, str]] = []  # (stream, text), in write order
         self.stats: list[dict[str, Any]] = []
+        self.files: list[dict[str, Any]] = []  # log_artifact's and save's files, in order
         self.exit_code: int | None = None  # None: the run was never finished
         for entry in entries:
             kind, data = entry["kind"], entry["data"]
@@ -65,6 +71,10 @@ class CapturedRun:
                 self.console.append((data["stream"], data["text"]))
             elif kind == "stats":
                 self.stats.append(data)
+            elif kind == "files":
+                extra = {k: data[k] for k in ("artifact", "type") if k in data}
+                for file in data["files"]:
+                    self.files.append({"op": data["op"], **file, **extra})
             elif kind == "finish":
                 self.exit_code = data["exit_code"]
 
@@ -80,8 +90,8 @@ class CapturedRun:
 class RunCapture:
     """The runs recorded inside a ``capture_run()`` block (read when the block ends).
 
-    ``rows``, ``config``, ``summary``, ``metrics``, ``console``, ``console_text``, ``stats``
-    and ``exit_code`` are the only run's; with several (``run_mode="new"``), use ``runs``.
+    ``rows``, ``config``, ``summary``, ``metrics``, ``console``, ``console_text``, ``stats``,
+    ``files`` and ``exit_code`` are the only run's; with several (``run_mode="new"``), use ``runs``.
     """
 
     def __init__(self) -> None:
@@ -106,6 +116,7 @@ class RunCapture:
             "console",
             "console_text",
             "stats",
+            "files",
             "exit_code",
             "init",
             "id",

@@ -31,7 +31,7 @@ from wandb_funnel._options import Topology
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Hello
 from wandb_funnel._protocol.sockets import new_curve_keys
-from wandb_funnel._wandb import setup_service
+from wandb_funnel.sinks.wandb.service import setup_service
 
 scenario = Scenarios(__doc__)
 HELPER = pathlib.Path(__file__).with_name("security_helper.py")

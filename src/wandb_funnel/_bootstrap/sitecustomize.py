@@ -42,7 +42,7 @@ class _InstallWhenWandbLoads:
             finder.done = True  # inert from now on (removing it races other importers)
             load(module)
             try:
-                from wandb_funnel._installed.install import install_into
+                from wandb_funnel._wandb_module.install import install_into
 
                 install_into(module)
             except Exception as exc:  # never break the user's `import wandb`
@@ -54,7 +54,7 @@ class _InstallWhenWandbLoads:
 
 def _install_on_import() -> None:
     if "wandb" in sys.modules:  # imported already (by another startup hook)
-        from wandb_funnel._installed.install import install_into
+        from wandb_funnel._wandb_module.install import install_into
 
         install_into(sys.modules["wandb"])
     elif not any(isinstance(f, _InstallWhenWandbLoads) for f in sys.meta_path):

@@ -23,14 +23,12 @@ from typing import Any
 
 from wandb_funnel._constants import (
     BATCH_BYTES,
-    ENV_SINK,
     EXIT_OWNER_LOST,
     EXIT_RANK_DIED,
     EXIT_SIGINT,
     EXIT_SIGTERM,
     LOGGER_TICK,
     MEDIA_DIR,
-    SINK_RECORD_PREFIX,
 )
 from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._logger.ordering import Reorderer
@@ -43,13 +41,12 @@ from wandb_funnel._logger.receiver import (
     Update,
     log_to_stderr,
 )
-from wandb_funnel._logger.recording_sink import RecordingSink
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.run_writer import RunWriter
-from wandb_funnel._logger.sinks import Sink
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Done, LoggerStart
 from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
+from wandb_funnel.sinks import Sink, open_sink
 
 _PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
 _MAX_QUEUED_RECORDS = 500_000  # records decoded and waiting for the writer: bounds memory
@@ -416,21 +413,14 @@ def main() -> int:
     sock: LoggerSocket | None = None
     try:
 
-        def open_sink(overrides: dict[str, Any], stats_pid: int | None = None) -> Sink:
-            kwargs = {**start.init_kwargs, **overrides}
-            chosen = os.environ.get(ENV_SINK, "")
-            if chosen == "null":  # the funnel alone, no wandb
-                from wandb_funnel._logger.null_sink import NullSink
-
-                log_to_stderr(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
-                return NullSink(kwargs["id"])
-            if chosen.startswith(SINK_RECORD_PREFIX):  # testing.capture_run(): no wandb
-                return RecordingSink(chosen[len(SINK_RECORD_PREFIX) :], kwargs)
-            from wandb_funnel._wandb import WandbSink  # here: the null sink never loads wandb
-
+        def open_run(overrides: dict[str, Any], stats_pid: int | None = None) -> Sink:
             # wandb-core samples the process that called wandb.init (the owner), not us.
-            return WandbSink(
-                kwargs, start.options.step_key, start.program, stats_pid or start.owner_pid
+            return open_sink(
+                {**start.init_kwargs, **overrides},
+                start.options.step_key,
+                start.program,
+                stats_pid or start.owner_pid,
+                log_to_stderr,
             )
 
         sock = LoggerSocket(
@@ -444,7 +434,7 @@ def main() -> int:
             start.topology.first_auto_rank,
             os.path.join(start.ipc_dir, MEDIA_DIR) if start.ipc_dir else None,
         )
-        logger = Logger(start, receiver, open_sink)  # opens the run (but in run_mode="new")
+        logger = Logger(start, receiver, open_run)  # opens the run (but in run_mode="new")
     except BaseException as exc:
         if sock is not None:
             sock.close()

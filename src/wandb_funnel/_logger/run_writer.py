@@ -17,8 +17,8 @@ from wandb_funnel._logger.media import MediaFiles, has_media
 from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
-from wandb_funnel._logger.sinks import Sink
 from wandb_funnel._protocol.messages import UpdateKind
+from wandb_funnel.sinks import Sink
 
 _FINISH_SLICE = 1_000  # rows released at a time while finishing
 _LABEL = re.compile(r"[\w.@-]{1,128}")  # a rank's stats label: rank1-host
@@ -61,12 +61,8 @@ class RunWriter:
             parts = row.parts.values()
             with_media = any(has_media(part) for part in parts)
             try:
-                out = self._builder.build(row)
-                if with_media:
-                    out, media_keys = self.media.materialize(out, getattr(self.sink, "wandb", None))
-                    self._log_with_media(out, media_keys)
-                else:
-                    self.sink.log(out)
+                # The sink makes the row's media refs into what it writes (sinks.refs).
+                self.sink.log(self._builder.build(row), self.media if with_media else None)
                 self.records += row.records
                 self.rows += 1
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
@@ -86,7 +82,7 @@ class RunWriter:
         """``rank`` (process ``pid``) attached. Once a second rank has, console lines are
         labelled with their rank, and every rank's system metrics are written labelled."""
         self._ranks.add(rank)
-        if pid and pid == getattr(self.sink, "stats_pid", None):
+        if pid and self.sink is not None and pid == self.sink.stats_pid:
             self._measured.add(rank)
         if len(self._ranks) > 1:
             self.console.label(self.sink if self._broken is None else None)
@@ -143,24 +139,6 @@ class RunWriter:
             lambda d: sink.tensorboard(d, save, root_dir),
             log_dir,
         )
-
-    def _log_with_media(self, out: dict[str, Any], media_keys: set[str]) -> None:
-        """A media value wandb refuses costs its keys (counted), not the row's numbers."""
-        assert self.sink is not None
-        try:
-            self.sink.log(out)
-        except ConnectionError:  # wandb-core gone: the caller stops writing
-            raise
-        except Exception as exc:  # a media file wandb could not take (FileNotFoundError...)
-            kept = {k: v for k, v in out.items() if k not in media_keys}
-            left_out = len(out) - len(kept)
-            self.media.dropped += left_out
-            self.media.logged = max(0, self.media.logged - left_out)
-            log_to_stderr(
-                f"{self.name}: wandb refused media {sorted(media_keys)!r}: {exc!r}; "
-                f"the row is logged without them"
-            )
-            self.sink.log(kept)
 
     def _out_of_time(self) -> None:
         self._broken = "out of time"
@@ -239,8 +217,8 @@ class RunWriter:
             return
         sent = self._call("summary", self.sink.update_summary, summary)
         step_done(f"{self.name}: accounting {'sent' if sent else 'refused'}")
-        if getattr(self._builder, "user_step_key", False) and hasattr(self.sink, "user_step_key"):
-            self.sink.user_step_key = True  # the footer shows that key: it is the user's
+        if self._builder.user_step_key:
+            self.sink.users_step_key()  # the footer shows that key: it is the user's
         finished = self._call("finish", self.sink.finish, exit_code)
         step_done(f"{self.name}: run {'finished' if finished else 'not finished'}")
 

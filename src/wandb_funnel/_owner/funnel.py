@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import threading
 import time
 import warnings
@@ -15,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from wandb_funnel import _current
-from wandb_funnel._constants import DEFAULT_STATS_INTERVAL, ENV_SINK, EXPORTED_ENV, MEDIA_DIR
+from wandb_funnel._constants import DEFAULT_STATS_INTERVAL, EXPORTED_ENV, MEDIA_DIR
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
@@ -29,11 +28,9 @@ from wandb_funnel._worker import lifecycle, stream
 from wandb_funnel._worker.run import AttachInfo, Run
 from wandb_funnel._worker.run_data import jsonable, parse_config
 from wandb_funnel.errors import FunnelWarning
+from wandb_funnel.sinks import Backend, backend
 
 _TEARDOWN_TIMEOUT = 2.0  # seconds an exiting owner waits for wandb-core to shut down
-
-# `_wandb` is imported inside the functions that use it: it loads `secrets` (hashlib, OpenSSL),
-# and every worker imports this module through the package without ever needing it.
 
 
 def _stats_interval(settings: dict[str, Any]) -> float:
@@ -50,37 +47,11 @@ def _stats_interval(settings: dict[str, Any]) -> float:
         return DEFAULT_STATS_INTERVAL
 
 
-def user_program(start_time: float | None = None) -> dict[str, Any]:
-    """What wandb.init would record as this process's program and arguments (wandb's own
-    rule: ``__main__.__file__``, or ``-m module``), for the logger's run to record instead of
-    its own ``-m wandb_funnel._logger``."""
-    import __main__
-
-    program: str | None
-    try:
-        spec = getattr(__main__, "__spec__", None)
-        program = __main__.__file__ if spec is None else f"-m {spec.name}"
-    except AttributeError:  # an interactive interpreter: wandb records none either
-        program = None
-    # wandb.init records in its telemetry which of the libraries it knows its caller has
-    # imported (torch, transformers, ...); the logger has imported none of them, so it is
-    # told this process's (top-level module names: the logger keeps those wandb knows).
-    imports = sorted(name for name in list(sys.modules) if "." not in name)
-    return {
-        "program": program,
-        "args": list(sys.argv[1:]),
-        "imports": imports,
-        "start_time": start_time,
-    }
-
-
-def _portable_init_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def _portable_init_kwargs(kwargs: dict[str, Any], sink: Backend) -> dict[str, Any]:
     """wandb.init kwargs as plain JSON data for the logger process (no pickle anywhere)."""
-    from wandb_funnel._wandb import settings_to_dict
-
     out = {k: v for k, v in kwargs.items() if v is not None}  # wandb: None means "not set"
     if "settings" in out:
-        out["settings"] = settings_to_dict(out["settings"])
+        out["settings"] = sink.settings(out["settings"])
     if "config" in out:
         out["config"] = {str(k): jsonable(v) for k, v in parse_config(out["config"]).items()}
     for key in ("dir", "tags"):  # a PathLike dir, a tuple of tags
@@ -137,14 +108,13 @@ class Funnel:
             raise TypeError(f"wandb_funnel: topology must be a Topology, got {topology!r}")
         self.options = options
         self.topology = topology or Topology()
+        self._sink: Backend = backend()  # picked again at start(): the sink then is the one
         wandb_init_kwargs = dict(kwargs)
         if wandb_init_kwargs.get("id") is not None and not isinstance(wandb_init_kwargs["id"], str):
             raise TypeError(f"wandb_funnel: id must be a str, got {wandb_init_kwargs['id']!r}")
         if wandb_init_kwargs.get("id") is None:
-            from wandb_funnel._wandb import generate_run_id
-
-            wandb_init_kwargs["id"] = generate_run_id()
-        self._init_kwargs = _portable_init_kwargs(wandb_init_kwargs)
+            wandb_init_kwargs["id"] = self._sink.run_id()
+        self._init_kwargs = _portable_init_kwargs(wandb_init_kwargs, self._sink)
         self._run_id: str = self._init_kwargs["id"]
         settings = self._init_kwargs.get("settings")
         # Every rank's console goes to the run unless the user said console="off".
@@ -207,10 +177,8 @@ class Funnel:
             raise RuntimeError("wandb_funnel: Funnel.start() called twice")
         # Before any process is spawned, so all of them share one wandb-core; not for a sink
         # that is not wandb (WANDB_FUNNEL_SINK: benchmarks, testing.capture_run).
-        if not os.environ.get(ENV_SINK):
-            from wandb_funnel._wandb import setup_service
-
-            self._owns_service = setup_service()
+        self._sink = backend()
+        self._owns_service = self._sink.setup_service()
         # The run's start, as plain wandb stamps it: in the user's wandb.init, once wandb-core
         # answers (the logger's own init comes a second or more later).
         started = time.time()
@@ -230,7 +198,7 @@ class Funnel:
             topology=self.topology,
             init_kwargs=self._init_kwargs,
             curve=self._curve,
-            program=user_program(started),
+            program=self._sink.program(started),
         )
         try:
             self._logger, ready = LoggerProcess.spawn(start, ready_r, self.options.start_timeout)
@@ -347,9 +315,7 @@ class Funnel:
         # Never in a forked copy of the owner: its inherited wandb state would tear down the
         # owner's wandb-core, and with it the logger's run.
         if self._owns_service and os.getpid() == self.owner_pid:
-            from wandb_funnel._wandb import teardown_service
-
-            teardown_service(_TEARDOWN_TIMEOUT, exit_code)
+            self._sink.teardown_service(_TEARDOWN_TIMEOUT, exit_code)
 
     def __enter__(self) -> Funnel:
         return self.start() if self._logger is None else self

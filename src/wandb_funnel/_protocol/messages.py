@@ -26,9 +26,9 @@ ACK: Final = 18
 
 
 # msgpack extension type of a media value inside a record (``wandb.Image``, ``wf.Table``, ...):
-# its payload is a msgpack map, the media's descriptor (``_worker/media.py`` writes it,
-# ``_logger/media.py`` turns it back into the wandb object). Bytes never ride here: a file a
-# descriptor names lies in the funnel's staging directory, by name.
+# its payload is a msgpack map, the media's descriptor (``_worker/media.py`` writes it; the
+# sink makes it what it writes: ``sinks/wandb/media.py``, wandb's object again). Bytes never
+# ride here: a file a descriptor names lies in the funnel's staging directory, by name.
 MEDIA_EXT: Final = 1
 
 

@@ -6,9 +6,10 @@ A media value crosses the wire as a small descriptor (``MEDIA_EXT``, see
 file is handed over by name: written, copied (a user's file) or hard-linked (wandb's own
 temporary file) into the funnel's staging directory, a
 ``media`` folder inside its private 0700 socket directory, which the owner and the logger
-remove on every exit path. The logger turns each descriptor back into the wandb object and
-logs that, so the run records media exactly as plain wandb does; wandb then moves the staged
-file into the run's ``media/`` folder.
+remove on every exit path. The logger's wandb sink turns each descriptor back into the wandb
+object (``sinks/wandb/media.py``; wandb's own objects are read by ``sinks/wandb/objects.py``,
+without importing wandb) and logs that, so the run records media exactly as plain wandb
+does; wandb then moves the staged file into the run's ``media/`` folder.
 
 The encoding happens where the data is: a ``wf.Image`` is a PNG by the time it is logged, a
 ``wf.Histogram`` holds its bins. A process that only uses the light types never imports wandb.
@@ -41,43 +42,16 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import MEDIA_EXT
+from wandb_funnel.sinks.wandb.objects import describe, wandb_class
 
-# wandb's file-backed media, carried by their state. Their module must be wandb's own.
-FILE_MEDIA = frozenset(
-    {
-        "Image",
-        "Html",
-        "Video",
-        "Audio",
-        "Object3D",
-        "Molecule",
-        "ImageMask",
-        "BoundingBoxes2D",
-        "Classes",
-    }
-)
-# State that stays behind: the run or artifact it is bound to, a decoded PIL image, and the
-# mask array (its PNG is the file that travels).
-_LOCAL_STATE = frozenset({"_run", "_artifact_source", "_artifact_target", "_image", "_path"})
 _MAX_HISTOGRAM_BINS = 512  # wandb.Histogram's limit
 _INFLIGHT_EXPIRY = 600.0  # seconds after which a staged file no longer counts in flight
 _EXT = re.compile(r"(?:\.[\w-]{1,32}){0,3}")  # a staged file's extension, as the logger takes it
 _TABLE_DEFAULT_COLUMNS = ["Input", "Output", "Expected"]  # wandb.Table's, when none are given
 
 
-def _wandb_class(value: Any) -> str | None:
-    """The class name of one of wandb's media objects, else None (no wandb import)."""
-    kind = type(value)
-    if not kind.__module__.startswith("wandb."):
-        return None
-    name = kind.__name__
-    if name in FILE_MEDIA or name in ("Histogram", "Table", "CustomChart"):
-        return name
-    return None
-
-
 def is_media(value: Any) -> bool:
-    return isinstance(value, _LightMedia) or _wandb_class(value) is not None
+    return isinstance(value, _LightMedia) or wandb_class(value) is not None
 
 
 def contains_media(data: Any, depth: int = 0) -> bool:
@@ -374,55 +348,6 @@ def _pil() -> Any:
     return PILImage
 
 
-# ---- wandb's own objects -----------------------------------------------------------------------
-
-
-def _wandb_descriptor(value: Any, name: str, stager: Stager, enc: Encoding) -> dict[str, Any]:
-    if name == "Histogram":
-        return {"k": "histogram", "histogram": list(value.histogram), "bins": list(value.bins)}
-    if name == "Table":
-        mixed = "Union" in type(getattr(value, "_column_types", None)).__name__
-        return _table_descriptor(value.columns, value.data, mixed, getattr(value, "log_mode", None))
-    if name == "CustomChart":
-        table = value.table
-        spec = value.spec
-        return {
-            "k": "chart",
-            "table": _table_descriptor(table.columns, table.data, False, None),
-            "spec": {
-                "spec_name": spec.spec_name,
-                "fields": dict(spec.fields),
-                "string_fields": dict(spec.string_fields or {}),
-                "key": spec.key,
-                "panel_type": spec.panel_type,
-                "split_table": spec.split_table,
-            },
-        }
-    state: dict[str, Any] = {}
-    for attr, item in vars(value).items():
-        if attr in _LOCAL_STATE:
-            continue
-        if attr == "_val" and isinstance(item, dict) and "mask_data" in item:
-            state[attr] = {k: v for k, v in item.items() if k != "mask_data"}
-        else:
-            state[attr] = item
-    desc: dict[str, Any] = {"k": "file", "c": name, "s": state}
-    path = getattr(value, "_path", None)
-    if isinstance(path, str):
-        if os.path.isfile(path):
-            extension = getattr(value, "_extension", None) or os.path.splitext(path)[1]
-            # wandb's own temporary file (made from an array) is never written again: linked.
-            # A user's file is copied now, as wandb copies it at log time.
-            desc["f"] = stager.stage_file(
-                path, extension, enc, link=bool(getattr(value, "_is_tmp", False))
-            )
-        elif "://" in path:
-            desc["ref"] = path  # an image by reference (a URL): no file travels
-        else:
-            raise ValueError(f"wandb_funnel: the file of this {name} is gone: {path!r}")
-    return desc
-
-
 # ---- staging -----------------------------------------------------------------------------------
 
 
@@ -446,10 +371,18 @@ class Encoding:
         if isinstance(value, _LightMedia):
             desc = stager.guarded(lambda: value._descriptor(stager, self), value)
         else:
-            name = _wandb_class(value)
+            name = wandb_class(value)
             if name is None:
                 return codec.scalar_item(value)
-            desc = stager.guarded(lambda: _wandb_descriptor(value, name, stager, self), value)
+            desc = stager.guarded(
+                lambda: describe(
+                    value,
+                    name,
+                    lambda path, ext, link: stager.stage_file(path, ext, self, link=link),
+                    _table_descriptor,
+                ),
+                value,
+            )
         ext = msgpack.ExtType(
             MEDIA_EXT, msgpack.packb(desc, default=self.default, use_bin_type=True)
         )

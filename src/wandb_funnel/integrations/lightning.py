@@ -21,7 +21,7 @@ from lightning.fabric.utilities.logger import _add_prefix
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from wandb_funnel._installed.install import install, open_installed_run
+from wandb_funnel._wandb_module.install import install, open_installed_run
 
 __all__ = ["FunnelLogger"]
 

@@ -1,4 +1,4 @@
-"""_wandb without a run: run ids made without importing wandb, and settings as plain data."""
+"""The wandb sink without a run: run ids made without wandb, settings as plain data."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 import pytest
 import wandb
 
-from wandb_funnel._wandb import generate_run_id, settings_to_dict
+from wandb_funnel.sinks import generate_run_id
+from wandb_funnel.sinks.wandb.settings import settings_to_dict
 
 
 def test_run_ids_look_like_wandbs() -> None:

@@ -23,10 +23,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from wandb_funnel import _api, _current, _init_keywords
-from wandb_funnel._constants import ENV_INSTALL
-from wandb_funnel._installed.wandb_run import as_installed
+from wandb_funnel._constants import ENV_INSTALL, ORIGINAL_ATTRIBUTE
 from wandb_funnel._options import FunnelOptions
-from wandb_funnel._wandb import ORIGINAL_ATTRIBUTE
+from wandb_funnel._wandb_module.wandb_run import as_installed
 from wandb_funnel._worker.run import Run
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "_bootstrap")

@@ -1,20 +1,19 @@
-"""The wandb sink: the only module that imports wandb (and only in the owner and the logger)."""
+"""The wandb sink: one wandb run in the logger process (``sinks.Sink``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-import string
-import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from wandb_funnel._constants import TRANSACTION_LOG_FLUSH_INTERVAL
+from wandb_funnel._constants import ORIGINAL_ATTRIBUTE, TRANSACTION_LOG_FLUSH_INTERVAL
+from wandb_funnel.sinks.refs import materialize
+from wandb_funnel.sinks.wandb.media import Maker, log_files
+from wandb_funnel.sinks.wandb.settings import settings_to_dict
 
-_ID_ALPHABET = string.ascii_lowercase + string.digits
-# The attribute that holds the real function behind one that install() put on the wandb module.
-ORIGINAL_ATTRIBUTE = "__wandb_funnel_original__"
+if TYPE_CHECKING:
+    from wandb_funnel.sinks import Staging
 # What a worker's Run answers for wandb.Run's properties, as the logger's run has them.
 _RUN_INFO = (
     "id",
@@ -32,65 +31,6 @@ _RUN_INFO = (
     "start_time",
     "sweep_id",
 )
-
-
-def generate_run_id() -> str:
-    """An 8-character id like wandb's own, made without importing wandb."""
-    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
-
-
-def setup_service() -> bool:
-    """Start (or join) wandb-core in this process, so that every process started after us,
-    the logger included, attaches to one service through ``WANDB_SERVICE``. True when this
-    call started it (no service was inherited)."""
-    import wandb
-
-    started = "WANDB_SERVICE" not in os.environ
-    wandb.setup()
-    return started
-
-
-def teardown_service(timeout: float, exit_code: int | None = None) -> bool:
-    """Shut down the wandb-core this process started, waiting at most ``timeout`` seconds;
-    runs of the user's own still open on it are finished with ``exit_code``, as wandb's own
-    exit hook would finish them with the process's code.
-
-    wandb tears its service down in an atexit hook, which processes that leave through
-    ``os._exit`` (multiprocessing children) never run: wandb-core then lingers until it
-    notices its parent is gone, seconds later. On a thread, because a stalled wandb-core
-    must not hold the exit.
-    """
-    import wandb
-
-    done = threading.Event()
-
-    def teardown() -> None:
-        try:
-            wandb.teardown(exit_code)
-        except BaseException:  # SystemExit included: wandb exits with core's code
-            pass
-        finally:
-            done.set()
-
-    threading.Thread(target=teardown, name="wandb-funnel-teardown", daemon=True).start()
-    return done.wait(timeout)
-
-
-def settings_to_dict(settings: Any) -> dict[str, Any]:
-    """A ``wandb.Settings`` (or a dict) as the plain dict that travels to the logger."""
-    if settings is None:
-        return {}
-    if isinstance(settings, dict):
-        return dict(settings)
-    dump = getattr(settings, "model_dump", None)
-    if dump is None:
-        raise TypeError(
-            f"wandb_funnel: settings must be a wandb.Settings or a dict, got "
-            f"{type(settings).__name__}"
-        )
-    # Only what the user set: a dump of everything (or exclude_unset, which still keeps the
-    # ~40 computed fields) is refused by the logger's wandb.Settings as extra inputs.
-    return dict(dump(include=set(settings.model_fields_set)))
 
 
 class WandbSink:
@@ -143,7 +83,7 @@ class WandbSink:
         kwargs.setdefault("reinit", "create_new")
         self._tensorboard_synced = False
         self._wandb = wandb
-        self.wandb = wandb  # the media writer makes wandb's own objects from descriptors
+        self._make = Maker(wandb)  # wandb's own objects from the ranks' media descriptors
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
         init = getattr(wandb.init, ORIGINAL_ATTRIBUTE, wandb.init)
         _no_shared_service_notice()
@@ -160,8 +100,32 @@ class WandbSink:
             lambda key: key.startswith("funnel/") or (key == step_key and not self.user_step_key),
         )
 
-    def log(self, row: dict[str, Any]) -> None:
-        self.run.log(row)
+    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
+        if staging is None:
+            self.run.log(row)
+            return
+        out, media_keys = materialize(row, staging, self._make)
+        try:
+            self.run.log(out)
+        except ConnectionError:  # wandb-core gone: the writer stops writing
+            raise
+        except Exception as exc:  # a media file wandb could not take (FileNotFoundError...)
+            # A media value wandb refuses costs its keys (counted), not the row's numbers.
+            kept = {k: v for k, v in out.items() if k not in media_keys}
+            left_out = len(out) - len(kept)
+            staging.dropped += left_out
+            staging.logged = max(0, staging.logged - left_out)
+            staging.warn(
+                f"wandb refused media {sorted(media_keys)!r}: {exc!r}; "
+                f"the row is logged without them"
+            )
+            self.run.log(kept)
+
+    def files(self, data: dict[str, Any], staging: Staging) -> None:
+        log_files(data, staging, self.run, self._wandb)
+
+    def users_step_key(self) -> None:
+        self.user_step_key = True  # the footer shows that key: it is the user's
 
     def update_config(self, data: dict[str, Any]) -> None:
         self.run.config.update(data, allow_val_change=True)  # type: ignore[no-untyped-call]

@@ -1,0 +1,181 @@
+"""Where the logger's rows go: the Sink protocol, and the one place that picks the sink.
+
+Three sinks implement it: ``sinks.wandb`` (a real wandb run: the only package, with the
+``install()`` layer ``_wandb_module``, that imports wandb), ``sinks.null`` (nothing written:
+benchmarks) and ``sinks.recording`` (plain JSON lines: ``wandb_funnel.testing.capture_run``).
+``WANDB_FUNNEL_SINK`` in the owner's environment picks one (``null``, ``record:DIR``; unset:
+wandb); the logger opens it with ``open_sink`` and the owner asks ``backend()`` for what it
+needs before and after the run (a run id, the user's settings and program as plain data, and
+wandb-core only where the sink is wandb).
+
+This module imports nothing heavy and never wandb: workers import ``sinks.wandb.objects``
+(which reads wandb's media objects without importing wandb), and with it this package.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from wandb_funnel._constants import ENV_SINK, SINK_RECORD_PREFIX
+
+WANDB, NULL, RECORD = "wandb", "null", "record"
+_ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+class Staging(Protocol):
+    """The logger's staged media files and their accounting, handed to a sink with a row (or a
+    files update) whose values refer to them. The sink counts what it logs and what it drops."""
+
+    logged: int  # media values the run got
+    dropped: int  # media values that did not reach the run
+
+    def path_of(self, name: Any) -> str:
+        """The staged file ``name``, checked (raises ``BadMediaError``)."""
+
+    def warn(self, message: str) -> None:
+        """Say what went wrong on the logger's stderr (each message once)."""
+
+
+class Sink(Protocol):
+    """One run's destination. Called from the logger's single thread only. A call that fails
+    raises: the writer counts and reports it (an ``OSError``: the destination is gone)."""
+
+    run_id: str
+    # The process whose system metrics the destination samples itself (wandb-core's
+    # ``x_stats_pid``), None where nothing does: that rank's own figures are not repeated.
+    stats_pid: int | None
+
+    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
+        """Write one history row (already merged, reduced and carrying the step key).
+
+        ``staging`` is None for a row of plain values. Otherwise the row's values may be
+        ``MediaRef``s (``_protocol.messages``), also inside lists and dicts: the sink makes of
+        them what it writes (``sinks.refs.materialize``), counting on ``staging``; a media
+        value it cannot write costs that value (counted), never the row's numbers."""
+
+    def files(self, data: dict[str, Any], staging: Staging) -> None:
+        """A rank's ``log_artifact`` or ``save`` (a FILES update: ``op`` "artifact" or
+        "save", ``entries`` [[name in the run, staged name]], ...). Raises when the files
+        did not reach the run; the caller counts them and removes what is still staged."""
+
+    def update_config(self, data: dict[str, Any]) -> None: ...
+
+    def update_summary(self, data: dict[str, Any]) -> None: ...
+
+    def define_metric(self, data: dict[str, Any]) -> None:
+        """``run.define_metric(**data)``, as a rank asked for it."""
+
+    def output(self, stream: str, text: str, timestamp: float) -> None:
+        """Console text (``stream`` is "stdout" or "stderr"), as wandb's capture records it."""
+
+    def stats(self, data: dict[str, Any]) -> None:
+        """A ``stats`` record (system metrics), keys already labelled."""
+
+    def tensorboard(self, log_dir: str, save: bool, root_dir: str) -> None:
+        """Watch a rank's tensorboard log directory (a ``tbrecord``, as wandb's
+        ``sync_tensorboard`` writes one)."""
+
+    def users_step_key(self) -> None:
+        """A rank logged the step key itself: it is the user's key from now on (wandb's
+        end-of-run footer shows it, as it shows the user's other keys)."""
+
+    def info(self) -> dict[str, Any]:
+        """What ``wandb.run`` tells about itself (name, project, dir, url, ...): plain data."""
+
+    def finish(self, exit_code: int) -> None:
+        """Finish the run; the caller bounds how long this may take."""
+
+
+def chosen() -> tuple[str, str | None]:
+    """The sink ``WANDB_FUNNEL_SINK`` names: (``WANDB``, None), (``NULL``, None) or
+    (``RECORD``, the directory)."""
+    value = os.environ.get(ENV_SINK, "")
+    if value == NULL:
+        return NULL, None
+    if value.startswith(SINK_RECORD_PREFIX):
+        return RECORD, value[len(SINK_RECORD_PREFIX) :]
+    return WANDB, None
+
+
+def open_sink(
+    init_kwargs: dict[str, Any],
+    step_key: str,
+    program: dict[str, Any] | None,
+    stats_pid: int | None,
+    say: Callable[[str], None],
+) -> Sink:
+    """Open the run the chosen sink writes (in the logger). ``init_kwargs`` are wandb.init's,
+    as plain data; ``program`` the user's (``Backend.program``); ``stats_pid`` the process
+    the run's system metrics measure; ``say`` prints a diagnostic."""
+    kind, directory = chosen()
+    if kind == NULL:  # the funnel alone, no wandb
+        from wandb_funnel.sinks.null import NullSink
+
+        say(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
+        return NullSink(init_kwargs["id"])
+    if kind == RECORD:  # testing.capture_run(): no wandb
+        from wandb_funnel.sinks.recording import RecordingSink
+
+        assert directory is not None
+        return RecordingSink(directory, init_kwargs)
+    from wandb_funnel.sinks.wandb.run import WandbSink  # here: the other sinks never load wandb
+
+    return WandbSink(init_kwargs, step_key, program, stats_pid)
+
+
+def generate_run_id() -> str:
+    """An 8-character id like wandb's own, made without importing wandb."""
+    import secrets  # here: it loads hashlib and OpenSSL, which a worker never needs
+
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+class Backend:
+    """What the owner needs of the chosen sink's side, before and after the run: a run id, the
+    user's ``wandb.init`` settings and program as plain data for the logger (whatever the
+    sink: they are what the user handed to wandb), and the service (wandb-core), started
+    only where the sink is wandb."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def run_id(self) -> str:
+        return generate_run_id()
+
+    def settings(self, settings: Any) -> dict[str, Any]:
+        """A ``wandb.Settings`` (or a dict) as the plain dict that travels to the logger."""
+        from wandb_funnel.sinks.wandb.settings import settings_to_dict
+
+        return settings_to_dict(settings)
+
+    def program(self, start_time: float | None) -> dict[str, Any]:
+        """What ``wandb.init`` would record as this process's program, arguments and imports,
+        for the logger's run to record instead of its own."""
+        from wandb_funnel.sinks.wandb.settings import user_program
+
+        return user_program(start_time)
+
+    def setup_service(self) -> bool:
+        """Start (or join) the sink's service in this process, before any process that logs
+        is started; True when this call started it. No service but wandb's."""
+        if self.kind != WANDB:
+            return False
+        from wandb_funnel.sinks.wandb.service import setup_service
+
+        return setup_service()
+
+    def teardown_service(self, timeout: float, exit_code: int | None = None) -> bool:
+        """Shut down the service this process started, waiting at most ``timeout`` seconds;
+        True when it is down."""
+        if self.kind != WANDB:
+            return True
+        from wandb_funnel.sinks.wandb.service import teardown_service
+
+        return teardown_service(timeout, exit_code)
+
+
+def backend() -> Backend:
+    """The owner's side of the sink ``WANDB_FUNNEL_SINK`` picks, as it is now."""
+    return Backend(chosen()[0])

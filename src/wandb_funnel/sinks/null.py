@@ -1,0 +1,62 @@
+"""A sink that writes nothing: ``WANDB_FUNNEL_SINK=null`` in the owner's environment.
+
+For measuring the funnel alone (``benchmarks/``): workers, sockets, decoding, ordering and
+merging all run as usual, and the accounting still counts every row (media values as logged);
+only wandb is left out, so the figures show what the funnel can take in rather than what
+wandb can write.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from wandb_funnel.sinks.refs import Absent, BadMediaError, Walk, materialize
+
+if TYPE_CHECKING:
+    from wandb_funnel.sinks import Staging
+
+
+def _count(what: str, desc: dict[str, Any], walk: Walk) -> Any:
+    walk.staging.logged += 1  # taken, as a run would take it, and left out
+    raise Absent
+
+
+class NullSink:
+    stats_pid: int | None = None
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
+        if staging is not None:
+            materialize(row, staging, _count)
+
+    def files(self, data: dict[str, Any], staging: Staging) -> None:
+        raise BadMediaError("no wandb run here (the null sink)")
+
+    def update_config(self, data: dict[str, Any]) -> None:
+        pass
+
+    def update_summary(self, data: dict[str, Any]) -> None:
+        pass
+
+    def define_metric(self, data: dict[str, Any]) -> None:
+        pass
+
+    def output(self, stream: str, text: str, timestamp: float) -> None:
+        pass
+
+    def stats(self, data: dict[str, Any]) -> None:
+        pass
+
+    def tensorboard(self, log_dir: str, save: bool, root_dir: str) -> None:
+        pass
+
+    def users_step_key(self) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {"id": self.run_id}
+
+    def finish(self, exit_code: int) -> None:
+        pass
