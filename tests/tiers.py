@@ -66,13 +66,11 @@ GATE: frozenset[str] = frozenset(
         "processes/test_media.py::test_watch_artifacts_and_save_from_any_rank_as_plain_wandb_records_them",
         # one process is plain wandb's run (Logs, System, footer, telemetry)
         "processes/test_parity.py::test_a_one_process_script_s_run_is_plain_wandb_s_where_a_user_looks[run]",
-        "processes/test_parity.py::test_a_drop_is_said_on_the_terminal_with_the_footer_left_to_the_user",
         # every start method; fork safety; the socket's privacy
         "processes/test_pool.py::test_pool_workers_log_every_step",
         "processes/test_pool.py::test_fork_child_never_reuses_parent_socket",
         "processes/test_pool.py::test_socket_dir_is_private",
         "processes/test_security.py::test_another_user_cannot_reach_the_ipc_socket",
-        "processes/test_security.py::test_another_job_cannot_reach_this_funnel",
         # merging and reducing across ranks, late records, config and summary, bad input
         "processes/test_semantics.py::test_auto_mode_reduces_like_all_gather",
         "processes/test_semantics.py::test_shared_mode_keeps_every_rank",
@@ -80,10 +78,10 @@ GATE: frozenset[str] = frozenset(
         "processes/test_semantics.py::test_worker_config_and_summary_reach_the_run",
         "processes/test_semantics.py::test_bad_input_raises_at_call_site_and_funnel_keeps_working",
         "processes/test_socket_fuzz.py::test_raw_garbage_below_zeromq_is_refused_and_counted",
-        # the soak harness judges hangs, leftovers and exit codes; two faults of the matrix on
+        # the soak harness judges hangs and exit codes (a process left behind: every process
+        # test's own check; the harness's, full tier); two faults of the matrix on
         # real wandb (Ctrl-C and Pool workers: test_lifecycle's and test_pool's)
         "soak/test_harness.py::test_a_hang_is_caught_and_killed",
-        "soak/test_harness.py::test_a_process_left_behind_is_caught",
         "soak/test_harness.py::test_a_wrong_exit_code_is_caught",
         "soak/test_soak.py::test_scenario[logger-killed]",
         "soak/test_soak.py::test_scenario[torchrun-sigterm]",

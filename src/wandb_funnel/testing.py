@@ -53,6 +53,7 @@ class CapturedRun:
         self.console: list[tuple[str, str]] = []  # (stream, text), in write order
         self.stats: list[dict[str, Any]] = []
         self.files: list[dict[str, Any]] = []  # log_artifact's and save's files, in order
+        self.tensorboard: list[dict[str, Any]] = []  # the log directories ranks synced
         self.exit_code: int | None = None  # None: the run was never finished
         for entry in entries:
             kind, data = entry["kind"], entry["data"]
@@ -75,8 +76,18 @@ class CapturedRun:
                 extra = {k: data[k] for k in ("artifact", "type") if k in data}
                 for file in data["files"]:
                     self.files.append({"op": data["op"], **file, **extra})
+            elif kind == "tensorboard":
+                self.tensorboard.append(data)
             elif kind == "finish":
                 self.exit_code = data["exit_code"]
+
+    @classmethod
+    def from_file(cls, path: str) -> CapturedRun:
+        """Read one recording (``<run id>.jsonl``); a last line cut by a killed logger is
+        left out."""
+        with open(path, encoding="utf-8") as f:
+            entries = [json.loads(line) for line in f if line.endswith("\n")]
+        return cls(os.path.basename(path).removesuffix(".jsonl"), entries)
 
     @property
     def console_text(self) -> str:
@@ -128,13 +139,8 @@ class RunCapture:
         for name in sorted(os.listdir(directory)):
             if not name.endswith(".jsonl"):
                 continue
-            entries = []
-            with open(os.path.join(directory, name), encoding="utf-8") as f:
-                for line in f:
-                    if line.endswith("\n"):  # a line cut by a killed logger is left out
-                        entries.append(json.loads(line))
-            run_id = name.removesuffix(".jsonl")
-            self.runs[run_id] = CapturedRun(run_id, entries)
+            run = CapturedRun.from_file(os.path.join(directory, name))
+            self.runs[run.id] = run
 
 
 @contextlib.contextmanager

@@ -174,7 +174,12 @@ def ranks(args: argparse.Namespace) -> None:
     import wandb_funnel as wf
 
     reduce = {"preds": "concat", "hist": "merge"}
-    with wf.Funnel(project="media", run_mode=args.run_mode, reduce=reduce) as funnel:
+    # Every rank attaches before anyone logs, so rows wait for all three; the window only
+    # bounds a straggler. Under load a spawned rank's first wf.Image (PIL's import) took
+    # longer than the default window, and its records came late: not what is tested here.
+    with wf.Funnel(
+        project="media", run_mode=args.run_mode, reduce=reduce, reorder_window=60
+    ) as funnel:
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(3)
         procs = [

@@ -354,8 +354,8 @@ class Logger:
             writer.finish(code, extra, elsewhere, self._write_deadline, self._closing_step)
         stats = self.stats()
         stats["funnel/exit_reason"] = why
-        # wandb's footer leaves funnel/* out (_wandb.py): what went wrong is said here, in one
-        # line, and stays in the run's summary under its funnel/* keys.
+        # wandb's footer leaves funnel/* out (sinks/wandb/run.py): what went wrong is said
+        # here, in one line, and stays in the run's summary under its funnel/* keys.
         losses = [f"{stats[key]} {key[len('funnel/') :]}" for key in _REPORTED if stats.get(key)]
         if losses:
             log_to_stderr(

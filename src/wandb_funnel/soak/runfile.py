@@ -144,38 +144,30 @@ def recording_env(wandb_dir: os.PathLike[str] | str) -> dict[str, str]:
 
 
 def read_recording(path: os.PathLike[str] | str) -> WandbRun:
-    """Parse one recording (``<run id>.jsonl``, the recording sink's) into a ``WandbRun``.
-    A last line cut by a killed logger is left out, as wandb's reader leaves a cut record."""
-    run = WandbRun(pathlib.Path(path), run_id=pathlib.Path(path).stem)
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                continue
-            entry = json.loads(line)
-            kind, data = entry["kind"], entry["data"]
-            run.record_types[kind] = run.record_types.get(kind, 0) + 1
-            if kind == "init":
-                run.name = data.get("name") or ""
-                run.group = data.get("group") or ""
-                run.config.update(data.get("config") or {})
-            elif kind == "row":
-                run.history.append(data)
-            elif kind == "config":
-                run.config.update(data)
-            elif kind == "summary":
-                run.summary.update(data)
-            elif kind == "metric":
-                run.metrics.append(data)
-            elif kind == "console":
-                stream = "STDERR" if data["stream"] == "stderr" else "STDOUT"
-                run.output_raw.append({"line": data["text"], "output_type": stream})
-            elif kind == "stats":
-                run.stats.append(data)
-            elif kind == "tensorboard":
-                run.tbrecords.append(data)
-            elif kind == "finish":
-                run.exit_code = int(data["exit_code"])
-    return run
+    """One recording (``<run id>.jsonl``, the recording sink's, read as ``capture_run`` reads
+    it) as a ``WandbRun``."""
+    from wandb_funnel.testing import CapturedRun
+
+    rec = CapturedRun.from_file(str(path))
+    return WandbRun(
+        pathlib.Path(path),
+        run_id=rec.id,
+        name=rec.init.get("name") or "",
+        group=rec.init.get("group") or "",
+        config=rec.config,
+        history=rec.rows,
+        summary=rec.summary,
+        exit_code=rec.exit_code,
+        metrics=rec.metrics,
+        artifacts=[f for f in rec.files if f["op"] == "artifact"],
+        files=[f["name"] for f in rec.files],
+        output_raw=[
+            {"line": text, "output_type": "STDERR" if stream == "stderr" else "STDOUT"}
+            for stream, text in rec.console
+        ],
+        stats=rec.stats,
+        tbrecords=rec.tensorboard,
+    )
 
 
 def find_runs(wandb_dir: os.PathLike[str] | str) -> list[WandbRun]:
