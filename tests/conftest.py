@@ -136,9 +136,16 @@ class Scripts:
 @pytest.fixture
 def scripts(tmp_path: pathlib.Path, request: pytest.FixtureRequest) -> Iterator[Scripts]:
     sink = request.node.get_closest_marker("sink")  # the nearest: a test's over its module's
+    if sink is not None and sink.args not in (("record",), ("wandb",)):
+        raise pytest.UsageError(f"{request.node.nodeid}: sink(...) takes 'record' or 'wandb'")
     s = Scripts(tmp_path, recording=sink is not None and sink.args == ("record",))
     yield s
     leftover_processes(s.mark, grace=0)  # never leave anything behind, even on failure
+    if s.recording:
+        # On the recording sink, nothing may have written a wandb run: a job that did ran
+        # on wandb without saying so (and its test read a .wandb file, not a recording).
+        wandb_runs = sorted(str(p) for p in tmp_path.rglob("run-*.wandb"))
+        assert not wandb_runs, f"a test on the recording sink wrote wandb runs: {wandb_runs}"
 
 
 PROGRAMS = pathlib.Path(__file__).parent / "programs"

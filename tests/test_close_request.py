@@ -46,3 +46,22 @@ def test_a_request_from_a_signal_handler() -> None:
         signal.signal(signal.SIGUSR1, old)
     first = close.first()
     assert first is not None and (first.exit_code, first.why) == (143, "signalled")
+
+
+def test_the_receivers_death_asks_for_the_close() -> None:
+    """The receiver's thread dies (here its socket raises): the run closes through the one
+    path, with the funnel's close_timeout (budget None) and the cause named."""
+    from typing import Any, cast
+
+    from wandb_funnel._logger.receiver import Receiver
+
+    class BrokenSocket:
+        def wait(self, timeout: float) -> bool:
+            raise OSError("the socket broke")
+
+    receiver = Receiver(cast(Any, BrokenSocket()), "token", 1 << 20, 1000)
+    receiver.start()
+    receiver.join(10)
+    first = receiver.close_requests.first()
+    assert not receiver.is_alive() and isinstance(receiver.failure, OSError)
+    assert first is not None and first.budget is None and first.why == "receiver failed: OSError"

@@ -1,12 +1,13 @@
-"""Fuzzing the public API with hypothesis, against a real funnel (real logger, real wandb
-offline, real ZeroMQ): whatever is passed to ``wf.log`` / ``Run.log`` / ``Run.summary`` /
-``Run.config.update``, the call either succeeds or raises TypeError or ValueError at the call
-site; nothing else escapes, nothing a call accepted is lost or refused later, and the funnel
-keeps working.
+"""Fuzzing the public API with hypothesis, against a real funnel (real logger, real ZeroMQ;
+on the recording sink in the gate, and on real wandb offline in the full tier, where what a
+call accepted must also be taken by wandb): whatever is passed to ``wf.log`` / ``Run.log`` /
+``Run.summary`` / ``Run.config.update``, the call either succeeds or raises TypeError or
+ValueError at the call site; nothing else escapes, nothing a call accepted is lost or refused
+later, and the funnel keeps working.
 
-Hypothesis runs inside tests/programs/fuzz_api.py, run by the ``scripts`` fixture: the funnel is
-a real owner process with its logger and wandb-core, and the fixture checks that none of them
-survive.
+Hypothesis runs inside tests/programs/fuzz_api.py, run by the ``scripts`` fixture: the funnel
+is a real owner process with its logger (and wandb-core, on wandb), and the fixture checks
+that none of them survive.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from tests.conftest import Scripts, program, reports
 from tests.wandb_reader import only_run
 
-pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]  # the funnel's API
+pytestmark = pytest.mark.processes
 
 MAX_RECORD_BYTES = 20_000
 LOG_EXAMPLES = 700
@@ -27,8 +28,15 @@ FUZZ_API = program("fuzz_api")  # the owner process: the funnel, and hypothesis 
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    "sink",
+    [
+        pytest.param("record", marks=pytest.mark.sink("record")),  # the funnel's API: the gate
+        pytest.param("wandb", marks=pytest.mark.sink("wandb")),  # wandb takes what it accepted
+    ],
+)
 def test_public_api_raises_only_type_or_value_errors_and_keeps_working(
-    scripts: Scripts,
+    scripts: Scripts, sink: str
 ) -> None:
     """Random keys, values, nesting, sizes, steps (negative, huge, backwards, not ints) and
     commit flags through ``wf.log`` and ``Run.log``, and random summary and config updates:

@@ -137,3 +137,35 @@ def test_captures_do_not_nest_and_the_variable_is_put_back() -> None:
             pass
     assert ENV_SINK not in os.environ and not os.path.exists(directory)
     assert cap.runs == {}
+
+
+def test_staged_media_files_are_checked_and_counted_as_wandbs_sink_counts_them(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A staged file that is missing, or named without its hash, is a dropped value, as the
+    wandb sink drops it; a mask inside an image is a media value of its own."""
+    (tmp_path / "run").mkdir()
+    staging = MediaFiles(str(tmp_path), lambda message: None)
+    sink = RecordingSink(str(tmp_path / "run"), {"id": "f"})
+    for name in ("1-1-0000000a.png", "1-1-0000000b.png", "1-1-0000000c.png"):
+        (tmp_path / name).write_bytes(b"png")
+    sha = {"_sha256": "b" * 64}
+    mask = MediaRef({"k": "file", "c": "ImageMask", "f": "1-1-0000000c.png", "s": sha})
+    kept = MediaRef(
+        {"k": "file", "c": "Image", "f": "1-1-0000000a.png", "s": {**sha, "_masks": {"m": mask}}}
+    )
+    no_hash = MediaRef({"k": "file", "c": "Image", "f": "1-1-0000000b.png", "s": {}})
+    missing = MediaRef({"k": "file", "c": "Image", "f": "1-1-0000000d.png", "s": sha})
+    sink.log({"kept": kept, "no_hash": no_hash, "missing": missing, "step": 0}, staging)
+    sink.finish(0)
+    cap = RunCapture()
+    cap._read(str(tmp_path / "run"))
+    (row,) = cap.rows
+    assert set(row) == {"kept", "step"}
+    assert row["kept"]["masks"] == {"m": {"_type": "mask", "sha256": "b" * 64}}
+    assert staging.logged == 2 and staging.dropped == 2  # the image and its mask; two drops
+
+
+def test_a_run_id_that_is_not_a_plain_name_is_refused(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(ValueError, match="plain name"):
+        RecordingSink(str(tmp_path), {"id": "../elsewhere"})

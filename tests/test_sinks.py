@@ -57,3 +57,12 @@ def test_the_null_sink_counts_media_as_logged_and_refuses_files(tmp_path: pathli
         sink.files({"op": "save", "entries": []}, staging)
     staging.log_files({"op": "save", "entries": []}, sink)
     assert staging.dropped_files == 1 and staging.files == 0
+
+
+@pytest.mark.parametrize("value", ["record", "record:", "wnadb", "Null"])
+def test_a_value_that_names_no_sink_is_refused_not_taken_for_wandb(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv(ENV_SINK, value)
+    with pytest.raises(ValueError, match=ENV_SINK):
+        sinks.chosen()

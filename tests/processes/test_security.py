@@ -120,7 +120,7 @@ def test_another_job_cannot_reach_this_funnel(scripts: Scripts, tmp_path: pathli
     # Job A has a marker and a WANDB_DIR of its own: each job's processes are checked (and
     # its leftovers killed) on their own.
     (tmp_path / "job_a").mkdir()
-    job_a = Scripts(tmp_path / "job_a")
+    job_a = Scripts(tmp_path / "job_a", recording=scripts.recording)
     t0 = time.monotonic()
     proc_a = job_a.start_file(SECURITY, ["job-a"], extra_env=env)
     a: dict[str, Any] = {}

@@ -111,6 +111,7 @@ KNOWN_FRAMES = 20_000
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.sink("wandb")  # records that reach the run: wandb must take or refuse them
 def test_logger_survives_fuzzed_frames_from_a_peer_that_said_hello(scripts: Scripts) -> None:
     """20,000 fresh, mutated and malformed frames from a peer holding the job's token: the
     logger stays alive; junk (including replays) and refused hellos/closes are counted exactly

@@ -26,12 +26,12 @@ import zmq
 from _prelude import Scenarios, option, report
 
 import wandb_funnel as wf
+from wandb_funnel import sinks
 from wandb_funnel._constants import ENV_CURVE, ENV_TOKEN
 from wandb_funnel._options import Topology
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Hello
 from wandb_funnel._protocol.sockets import new_curve_keys
-from wandb_funnel.sinks.wandb.service import setup_service
 
 scenario = Scenarios(__doc__)
 HELPER = pathlib.Path(__file__).with_name("security_helper.py")
@@ -43,7 +43,7 @@ HELPER = pathlib.Path(__file__).with_name("security_helper.py")
 # own 0700 directory stands in the way. wandb is set up first, so that nothing else lands in
 # /tmp; the funnel removes its directory when it closes.
 def start_in_tmp(funnel: wf.Funnel) -> wf.Funnel:
-    setup_service()
+    sinks.backend().setup_service()  # wandb-core only where the sink is wandb
     tempfile.tempdir = "/tmp"
     try:
         funnel.start()

@@ -180,8 +180,10 @@ class Receiver(threading.Thread):
             self._serve()
         except BaseException as exc:  # never die silently: the run closes, saying why
             self.failure = exc
+            # The request first, with nothing in it that could raise (a repr can): without
+            # it the run would wait for a CLOSE that this thread can no longer take in.
+            self.close_requests.ask(EXIT_OWNER_LOST, None, f"receiver failed: {type(exc).__name__}")
             log_to_stderr(f"receiver failed: {exc!r}")
-            self.close_requests.ask(EXIT_OWNER_LOST, None, f"receiver failed: {exc!r}")
 
     def _serve(self) -> None:
         next_check = 0.0

@@ -217,8 +217,9 @@ class RunWriter:
             return
         sent = self._call("summary", self.sink.update_summary, summary)
         step_done(f"{self.name}: accounting {'sent' if sent else 'refused'}")
-        if self._builder.user_step_key:
-            self.sink.users_step_key()  # the footer shows that key: it is the user's
+        sink = self.sink
+        if self._builder.user_step_key:  # the footer shows that key: it is the user's
+            self._call("step key", lambda _: sink.users_step_key(), None)
         finished = self._call("finish", self.sink.finish, exit_code)
         step_done(f"{self.name}: run {'finished' if finished else 'not finished'}")
 

@@ -92,11 +92,17 @@ def chosen() -> tuple[str, str | None]:
     """The sink ``WANDB_FUNNEL_SINK`` names: (``WANDB``, None), (``NULL``, None) or
     (``RECORD``, the directory)."""
     value = os.environ.get(ENV_SINK, "")
+    if value in ("", WANDB):
+        return WANDB, None
     if value == NULL:
         return NULL, None
-    if value.startswith(SINK_RECORD_PREFIX):
+    if value.startswith(SINK_RECORD_PREFIX) and value[len(SINK_RECORD_PREFIX) :]:
         return RECORD, value[len(SINK_RECORD_PREFIX) :]
-    return WANDB, None
+    # A typo must not mean "wandb": a test meant to run without it would start wandb-core.
+    raise ValueError(
+        f"{ENV_SINK}={value!r:.100}: expected {WANDB!r}, {NULL!r} or "
+        f"'{SINK_RECORD_PREFIX}DIRECTORY'"
+    )
 
 
 def open_sink(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import IO, TYPE_CHECKING, Any
 
 from wandb_funnel.sinks.refs import BadMediaError, Walk, materialize
@@ -34,6 +35,7 @@ _TYPES = {
     "BoundingBoxes2D": "boxes2D",
     "Classes": "classes",
 }
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 # A file-backed descriptor's state that the record keeps, and the name it keeps it under.
 _STATE = {
     "_caption": "caption",
@@ -87,6 +89,13 @@ def describe(what: str, desc: dict[str, Any], walk: Walk) -> dict[str, Any]:
         for attr, key in _STATE.items():
             if state.get(attr) is not None:
                 out[key] = walk.convert(state[attr])
+        for attr in ("_masks", "_boxes"):  # media of their own, counted as wandb's sink does
+            if type(state.get(attr)) is dict:
+                out[attr[1:]] = {str(k): walk.convert(v) for k, v in state[attr].items()}
+        if "f" in desc:  # the staged file: missing or unnamed by its hash, dropped as wandb's
+            walk.staging.path_of(desc["f"])
+            if not (type(state.get("_sha256")) is str and _HEX64.fullmatch(state["_sha256"])):
+                raise BadMediaError("a staged media file needs its sha256")
         if type(desc.get("ref")) is str:
             out["path"] = desc["ref"]
         return out
@@ -100,6 +109,8 @@ class RecordingSink:
 
     def __init__(self, directory: str, init_kwargs: dict[str, Any]) -> None:
         self.run_id: str = init_kwargs["id"]
+        if not self.run_id or os.path.basename(self.run_id) != self.run_id:
+            raise ValueError(f"a run id to record must be a plain name, got {self.run_id!r:.80}")
         path = os.path.join(directory, f"{self.run_id}.jsonl")
         self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed at finish)
         self._write("init", {k: v for k, v in init_kwargs.items() if k != "settings"})

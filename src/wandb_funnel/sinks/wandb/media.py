@@ -79,8 +79,6 @@ _WANDBS_OWN = re.compile(
 _PLAIN = re.compile(r"[\w.-]{1,128}")  # a name wandb puts into a file name
 _FORMAT = re.compile(r"[A-Za-z0-9]{1,10}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_PLAIN = re.compile(r"[\w.-]{1,128}")  # a name wandb puts into a file name
-_FORMAT = re.compile(r"[A-Za-z0-9]{1,10}")
 
 
 class Maker:
