@@ -11,13 +11,14 @@ from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.run_writer import RunWriter
 from wandb_funnel._protocol.messages import UpdateKind
 from wandb_funnel.sinks import Staging
+from wandb_funnel.sinks.null import NullSink
 
 
-class RecordingSink:
-    run_id = "run"
-    stats_pid: int | None = None
+class RecordingSink(NullSink):
+    """The null sink, keeping what the writer's finish is judged by."""
 
     def __init__(self) -> None:
+        super().__init__("run")
         self.rows: list[dict[str, Any]] = []
         self.summary: dict[str, Any] = {}
         self.exit_code: int | None = None
@@ -29,23 +30,8 @@ class RecordingSink:
     def files(self, data: dict[str, Any], staging: Staging) -> None:
         pass
 
-    def users_step_key(self) -> None:
-        pass
-
-    def update_config(self, data: dict[str, Any]) -> None:
-        pass
-
     def update_summary(self, data: dict[str, Any]) -> None:
         self.summary.update(data)
-
-    def define_metric(self, data: dict[str, Any]) -> None:
-        pass
-
-    def output(self, stream: str, text: str, timestamp: float) -> None:
-        pass
-
-    def stats(self, data: dict[str, Any]) -> None:
-        pass
 
     def tensorboard(self, log_dir: str, save: bool, root_dir: str) -> None:
         self.tensorboard_dirs.append((log_dir, save, root_dir))
