@@ -51,6 +51,9 @@ EXPORTED_ENV: Final = (
 DEFAULT_STEP_KEY: Final = "global_step"
 DEFAULT_CLOSE_TIMEOUT: Final = 30.0  # seconds for close(): stragglers + drain + wandb finish
 DEFAULT_START_TIMEOUT: Final = 90.0  # seconds for the logger to open its run (wandb's init_timeout)
+# The most a rank waits for the open run's name, dir or url (an online run opens in the
+# background): past start_timeout's default, by when the run is open online or offline.
+RUN_INFO_TIMEOUT: Final = DEFAULT_START_TIMEOUT + 30.0
 DEFAULT_MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
 # One media item (an image's file, a video, ...): a bigger one is refused at the call.
 DEFAULT_MAX_MEDIA_BYTES: Final = 256 * 1024 * 1024
@@ -68,6 +71,8 @@ CONSOLE_PENDING_CHARS: Final = 4 * 1024 * 1024
 DEFAULT_STATS_INTERVAL: Final = 15.0  # wandb's own default
 # The staging directory: this name inside the funnel's private (0700) socket directory.
 MEDIA_DIR: Final = "media"
+# The logger's accounting, when a close cut short inside wandb leaves it no DONE to send.
+FINAL_STATS: Final = "final-stats.json"
 DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank
 DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the oldest is forced
 
@@ -107,3 +112,6 @@ EXIT_SIGTERM: Final = 143  # 128 + SIGTERM
 REDUCERS: Final = ("mean", "sum", "min", "max", "first", "concat", "merge")
 RUN_MODES: Final = ("auto", "shared", "new")
 RANK_SCOPES: Final = ("global", "worker")
+# What an online run does when W&B does not answer at start: record offline under the same
+# id (training goes on; `wandb sync` uploads it later), or raise as plain wandb.init does.
+ON_NETWORK_ERROR: Final = ("offline", "raise")

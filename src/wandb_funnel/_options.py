@@ -22,6 +22,7 @@ from wandb_funnel._constants import (
     DEFAULT_REORDER_WINDOW,
     DEFAULT_START_TIMEOUT,
     DEFAULT_STEP_KEY,
+    ON_NETWORK_ERROR,
     RANK_SCOPES,
     REDUCERS,
     RUN_MODES,
@@ -141,6 +142,12 @@ class FunnelOptions:
         max_media_bytes: the largest media item (one image's file, a video) ``log()`` accepts.
         rank_scope: in a launched job on several nodes, ``"global"`` (one run for the job)
             or ``"worker"`` (one per node).
+        on_network_error: an online run whose W&B server does not answer within
+            ``start_timeout``: ``"offline"`` (the default: the run opens in the background,
+            training never waits for it, and if the server still does not answer it is
+            recorded offline under the same id, with the ``wandb sync`` command that uploads
+            it said on the terminal) or ``"raise"`` (plain ``wandb.init``'s behaviour: the
+            start waits for the run and raises ``LoggerStartError`` naming the URL and error).
 
     Raises:
         ValueError: an option of the wrong type or out of range, named.
@@ -152,6 +159,7 @@ class FunnelOptions:
         "max_media_bytes",
         "max_pending_rows",
         "max_record_bytes",
+        "on_network_error",
         "rank_scope",
         "reduce",
         "reorder_window",
@@ -171,6 +179,7 @@ class FunnelOptions:
     max_record_bytes: int
     max_media_bytes: int
     rank_scope: str
+    on_network_error: str
 
     def __init__(
         self,
@@ -185,6 +194,7 @@ class FunnelOptions:
         max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
         max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES,
         rank_scope: str = "global",
+        on_network_error: str = "offline",
     ) -> None:
         self.run_mode = _choice("run_mode", run_mode, RUN_MODES)
         self.reduce = _reducers(reduce)
@@ -198,6 +208,7 @@ class FunnelOptions:
         self.max_record_bytes = _count("max_record_bytes", max_record_bytes)
         self.max_media_bytes = _count("max_media_bytes", max_media_bytes)
         self.rank_scope = _choice("rank_scope", rank_scope, RANK_SCOPES)
+        self.on_network_error = _choice("on_network_error", on_network_error, ON_NETWORK_ERROR)
 
     @classmethod
     def split(cls, kwargs: Mapping[str, Any]) -> tuple[FunnelOptions, dict[str, Any]]:

@@ -20,7 +20,13 @@ import shutil
 import sys
 from typing import Any
 
-from wandb_funnel._constants import ENV_RANK_PID, RANK_SCOPES, REDUCERS, RUN_MODES
+from wandb_funnel._constants import (
+    ENV_RANK_PID,
+    ON_NETWORK_ERROR,
+    RANK_SCOPES,
+    REDUCERS,
+    RUN_MODES,
+)
 from wandb_funnel._options import FunnelOptions, parse_option
 
 USAGE = "wandb-funnel run [options] [--] COMMAND [ARG ...]"
@@ -70,6 +76,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--rank-scope",
         choices=RANK_SCOPES,
         help="several nodes: one run for the job (global) or one per node (worker)",
+    )
+    run.add_argument(
+        "--on-network-error",
+        choices=ON_NETWORK_ERROR,
+        help="W&B does not answer at start: record offline under the same id and say how "
+        "to upload it (offline, the default), or fail as plain wandb does (raise)",
     )
     # The command, when it is not after `--`: everything from its first word on, untouched.
     run.add_argument(

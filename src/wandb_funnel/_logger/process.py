@@ -27,6 +27,7 @@ from wandb_funnel._constants import (
     EXIT_RANK_DIED,
     EXIT_SIGINT,
     EXIT_SIGTERM,
+    FINAL_STATS,
     LOGGER_TICK,
     MEDIA_DIR,
 )
@@ -46,7 +47,7 @@ from wandb_funnel._logger.run_writer import RunWriter
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Done, LoggerStart
 from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
-from wandb_funnel.sinks import Sink, open_sink
+from wandb_funnel.sinks import Opening, Sink, open_sink, opens_online
 
 _PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
 _MAX_QUEUED_RECORDS = 500_000  # records decoded and waiting for the writer: bounds memory
@@ -90,14 +91,12 @@ class Logger:
         self._receiver = receiver
         self._open_sink = open_sink
         self._per_rank = start.topology.per_rank  # run_mode="new": a run per rank
+        self._run_id = start.run_id
+        self._expected_ranks = start.topology.expected_ranks
         self._writers: dict[int | None, RunWriter] = {}
-        if self._per_rank is None:
-            writer = self._writers[None] = self._new_writer(open_sink({}), start.run_id)
-            # A launched job's ranks are known before they attach: rows wait for them from
-            # the start (within the first window), so ranks that start a little later still
-            # merge, and ranks that never call wandb cost that one window, not one a row.
-            for rank in start.topology.expected_ranks:
-                writer.order.rank_expected(rank)
+        if self._per_rank is not None:
+            receiver.run_info = {}  # no one run to tell the ranks about
+        self._watching = False
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
         self._pids: dict[int, int] = {}  # rank -> its process, as it said at attach
@@ -145,6 +144,49 @@ class Logger:
             writer = self._writers[rank] = self._new_writer(sink, run_id)
         return writer
 
+    def open_run(self, opening: Opening) -> None:
+        """Open the one run (not in run_mode="new": those open as their ranks attach), then
+        tell the ranks its name and directory. Until it is open, the ranks' records wait in
+        the receiver's queue (bounded: past it they are counted as dropped).
+
+        Raises:
+            Exception: the run could not be opened (``opening`` says whether a server that
+                does not answer raises, or means an offline run).
+        """
+        if self._per_rank is not None:
+            return
+        try:
+            sink: Sink | None = self._open_sink({}, None, opening)
+        except Exception as exc:
+            if not self._watching:
+                raise  # at start, in the foreground: the owner's start raises it
+            # In the background the owner has returned long ago: the ranks' records are
+            # counted as dropped, and the run's absence is said once.
+            log_to_stderr(f"could not open the run: {type(exc).__name__}: {exc}")
+            log_to_stderr("every record the ranks send is counted as dropped")
+            sink = None
+        writer = self._writers[None] = self._new_writer(sink, self._run_id)
+        # A launched job's ranks are known before they attach: rows wait for them from
+        # the start (within the first window), so ranks that start a little later still
+        # merge, and ranks that never call wandb cost that one window, not one a row.
+        for rank in self._expected_ranks:
+            writer.order.rank_expected(rank)
+        self._receiver.run_info = self.run_info()
+
+    def watch(self) -> None:
+        """Take signals and watch the owner from now on: a close may come while the run is
+        still opening (``open_run`` stops waiting for the network then)."""
+        if self._watching:
+            return
+        self._watching = True
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        threading.Thread(target=self._watch_owner, name="wandb-funnel-owner", daemon=True).start()
+
+    def closing_asked(self) -> bool:
+        """True once anything asked the funnel to close (the owner, a signal, its death)."""
+        return self._close.first() is not None
+
     def run_info(self) -> dict[str, Any]:
         """What the run told about itself when it opened (empty in run_mode="new")."""
         writer = self._writers.get(None)
@@ -159,9 +201,7 @@ class Logger:
     # -- the loop ------------------------------------------------------------------------------
     def serve(self) -> int:
         """Run until closed; returns the exit code the run was finished with."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        threading.Thread(target=self._watch_owner, name="wandb-funnel-owner", daemon=True).start()
+        self.watch()
         more_rows = False
         window_applies = True
         while True:
@@ -288,12 +328,56 @@ class Logger:
         watchdog.start()
 
     def _give_up(self, budget: float) -> None:
-        log_to_stderr(
-            f"could not finish the run within its {budget:.1f}s budget (wandb stalled?); "
-            f"exiting: rows not yet written and the run's exit record are lost"
+        """The close ran out of time inside wandb (a server that does not answer holds its
+        finish: plain wandb's would wait for ever). Say truthfully what is safe on disk and
+        what is not, leave the accounting for the owner (it gets no DONE), and exit."""
+        stats = self._final_stats_now()
+        for writer in list(self._writers.values()):
+            log_to_stderr(self._what_is_safe(writer, budget, stats))
+        try:
+            _write_final_stats(self._ipc_dir, stats)
+        finally:
+            # The owner reads the accounting from the directory and removes it; with the owner
+            # gone, nobody else will.
+            if os.getppid() != self._owner_pid:
+                remove_ipc_dir(self._ipc_dir)
+            os._exit(3)
+
+    def _final_stats_now(self) -> dict[str, Any]:
+        """The accounting as it stands, from the watchdog's thread (counters only): records
+        taken in but not yet handed to wandb are lost, and counted as dropped."""
+        stats = self.stats()
+        writers = list(self._writers.values())
+        handled = sum(w.records + w.dropped for w in writers)
+        queued_or_pending = max(0, self._receiver.received() - handled)
+        stats["funnel/dropped_records"] += queued_or_pending
+        stats["funnel/exit_reason"] = (self._closing[2] if self._closing else "closed") + (
+            "; out of time inside wandb"
         )
-        remove_ipc_dir(self._ipc_dir)
-        os._exit(3)
+        return stats
+
+    def _what_is_safe(self, writer: RunWriter, budget: float, stats: dict[str, Any]) -> str:
+        info = self._receiver.run_info or {}
+        run_dir = os.path.dirname(str(info.get("dir") or "")) or "the run's directory"
+        log = f"{run_dir}/run-{writer.name}.wandb"
+        offline = bool(info.get("offline", True))
+        head = f"could not finish the run within its {budget:.1f}s close budget"
+        if writer.finish_called:
+            where = "" if offline else ", and the upload to W&B did not finish in time"
+            sync = f"wandb sync {run_dir}" if offline else f"wandb sync --include-online {run_dir}"
+            return (
+                f"{head} (wandb's finish did not return{where}). Safe on this disk, in the "
+                f"run's transaction log {log}: its {writer.rows} rows ({writer.records} records), "
+                f"its accounting and its exit record; lost: "
+                f"{stats['funnel/dropped_records']} records, counted. Upload what W&B is "
+                f"missing with:\n    {sync}"
+            )
+        return (
+            f"{head} (wandb stalled before the run's exit record). Safe on this disk, in "
+            f"{log}: {writer.rows} rows ({writer.records} records)"
+            f"{' and the accounting' if writer.summary_sent else ''}; lost: the exit record "
+            f"and {stats['funnel/dropped_records']} records not yet written."
+        )
 
     # -- the end -------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -394,6 +478,20 @@ _REPORTED = (
 _PER_WRITER = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
 
 
+def _write_final_stats(ipc_dir: str | None, stats: dict[str, Any]) -> None:
+    """The accounting, for an owner whose CLOSE gets no DONE (``FINAL_STATS`` in the funnel's
+    private directory, written whole or not at all)."""
+    if not ipc_dir:
+        return
+    path = os.path.join(ipc_dir, FINAL_STATS)
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(stats, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
 def _write_ready(fd: int, payload: dict[str, Any]) -> None:
     try:
         os.write(fd, (json.dumps(payload) + "\n").encode())
@@ -413,7 +511,9 @@ def main() -> int:
     sock: LoggerSocket | None = None
     try:
 
-        def open_run(overrides: dict[str, Any], stats_pid: int | None = None) -> Sink:
+        def open_run(
+            overrides: dict[str, Any], stats_pid: int | None = None, opening: Opening | None = None
+        ) -> Sink:
             # wandb-core samples the process that called wandb.init (the owner), not us.
             return open_sink(
                 {**start.init_kwargs, **overrides},
@@ -421,6 +521,7 @@ def main() -> int:
                 start.program,
                 stats_pid or start.owner_pid,
                 log_to_stderr,
+                opening,
             )
 
         sock = LoggerSocket(
@@ -434,7 +535,19 @@ def main() -> int:
             start.topology.first_auto_rank,
             os.path.join(start.ipc_dir, MEDIA_DIR) if start.ipc_dir else None,
         )
-        logger = Logger(start, receiver, open_run)  # opens the run (but in run_mode="new")
+        logger = Logger(start, receiver, open_run)
+        # An online run opens in the background: the owner's start (and with it every rank's
+        # first log) does not wait for the network; records wait in the receiver's queue.
+        # Offline, or where a server that does not answer must raise (as plain wandb.init
+        # does), the run is open before the owner's start returns.
+        background = start.options.on_network_error == "offline" and opens_online(start.init_kwargs)
+        opening = Opening(
+            time.monotonic() + start.options.start_timeout,
+            start.options.on_network_error,
+            logger.closing_asked,
+        )
+        if not background:
+            logger.open_run(opening)
     except BaseException as exc:
         if sock is not None:
             sock.close()
@@ -450,6 +563,9 @@ def main() -> int:
     }
     _write_ready(ready_fd, ready)
     try:
+        if background:
+            logger.watch()
+            logger.open_run(opening)
         return logger.serve()
     finally:
         # The receiver has stopped: the socket is ours now, for the owner's DONE.

@@ -148,6 +148,9 @@ class Receiver(threading.Thread):
         self.dead_ranks: list[int] = []
         self._unreported: dict[str, int] = {}  # drops not yet logged, by cause
         self.failure: BaseException | None = None
+        # What the open run says about itself, for the ranks' Welcome: set once (one
+        # assignment, atomic) by the writer when the run is open; None until then.
+        self.run_info: dict[str, Any] | None = None
 
     # -- the writer's side -------------------------------------------------------------------
     def taken(self, records: int) -> None:
@@ -169,6 +172,10 @@ class Receiver(threading.Thread):
     @property
     def ranks(self) -> int:
         return len(self._peers)
+
+    def received(self) -> int:
+        """Records taken in from every stream so far (safe from another thread)."""
+        return sum(p.received for p in list(self._peers.values()))
 
     def unfinished(self) -> list[tuple[int, int]]:
         """(rank, pid) of every stream that has neither said goodbye nor died."""
@@ -286,7 +293,7 @@ class Receiver(threading.Thread):
                 rank, hello.pid, hello.host, hello.pid_start, time.monotonic()
             )
             self.events.put(Attached(rank, hello.pid))
-        self._sock.reply(identity, codec.encode_welcome(Welcome(peer.rank)))
+        self._sock.reply(identity, codec.encode_welcome(Welcome(peer.rank, self.run_info)))
 
     def _records(
         self, peer: _Peer, first_seq: int, count: int, records: list[Record] | None

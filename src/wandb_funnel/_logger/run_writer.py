@@ -44,6 +44,9 @@ class RunWriter:
         self.records = 0  # records written into the run
         self.rows = 0  # wandb.log calls made: one per step, however many ranks logged it
         self.dropped = 0  # records that reached the logger but not the run
+        # How far finish() got: what a close cut short by a stalled wandb can truthfully say.
+        self.summary_sent = False  # the accounting reached wandb (its transaction log)
+        self.finish_called = False  # the exit record went to wandb: finish waits on uploads
         self.finished = False
         self._ranks: set[int] = set()  # ranks attached to this run
         self._measured: set[int] = set()  # ranks whose process wandb-core samples itself
@@ -215,11 +218,12 @@ class RunWriter:
         }
         if self.sink is None or self._broken is not None:
             return
-        sent = self._call("summary", self.sink.update_summary, summary)
+        sent = self.summary_sent = self._call("summary", self.sink.update_summary, summary)
         step_done(f"{self.name}: accounting {'sent' if sent else 'refused'}")
         sink = self.sink
         if self._builder.user_step_key:  # the footer shows that key: it is the user's
             self._call("step key", lambda _: sink.users_step_key(), None)
+        self.finish_called = True
         finished = self._call("finish", self.sink.finish, exit_code)
         step_done(f"{self.name}: run {'finished' if finished else 'not finished'}")
 

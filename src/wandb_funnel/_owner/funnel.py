@@ -14,7 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from wandb_funnel import _current
-from wandb_funnel._constants import DEFAULT_STATS_INTERVAL, EXPORTED_ENV, MEDIA_DIR
+from wandb_funnel._constants import DEFAULT_STATS_INTERVAL, EXPORTED_ENV, FINAL_STATS, MEDIA_DIR
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
@@ -68,6 +68,15 @@ def _portable_init_kwargs(kwargs: dict[str, Any], sink: Backend) -> dict[str, An
                 f"number, bool, None) to reach the logger process: {exc}"
             ) from exc
     return out
+
+
+def _read_final_stats(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path) as f:
+            stats = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return stats if isinstance(stats, dict) else None
 
 
 class Funnel:
@@ -294,6 +303,9 @@ class Funnel:
             for own in stream.open_streams():
                 own.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())), code)
         outcome, self.stats = logger.close(code, deadline)
+        if self.stats is None and self._ipc_dir is not None:
+            # A logger out of time inside wandb leaves its accounting here before it exits.
+            self.stats = _read_final_stats(os.path.join(self._ipc_dir, FINAL_STATS))
         if outcome == "already-exited":
             warnings.warn(
                 f"wandb-funnel: the logger (pid {logger.pid}) had already exited with code "

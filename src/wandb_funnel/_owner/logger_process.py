@@ -26,6 +26,10 @@ from wandb_funnel._protocol.sockets import CLOSER_PREFIX, ClientSocket, client_c
 from wandb_funnel.errors import LoggerStartError
 
 _KILL_GRACE = 2.0  # seconds between SIGTERM and SIGKILL for a logger that failed to start
+# The logger's own start_timeout runs from when it has started (Python, its imports): the
+# owner waits that much longer, so a server that does not answer is reported by the logger,
+# by URL and error, rather than as a logger that did not answer.
+_START_GRACE = 10.0
 # close(): the logger gets LOGGER_SHARE of what is left (half of that for stragglers, then
 # writing rows and finishing wandb); the owner stops waiting KILL_MARGIN seconds before the
 # deadline, then terminates and kills within that margin: everything ends by the deadline.
@@ -106,7 +110,7 @@ class LoggerProcess:
         return logger, ready
 
     def _wait_ready(self, fd: int, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout + _START_GRACE
         data = b""
         while not data.endswith(b"\n"):
             left = deadline - time.monotonic()

@@ -310,7 +310,9 @@ def encode_close(close: Close) -> bytes:
 
 
 def encode_welcome(welcome: Welcome) -> bytes:
-    return msgpack.packb((PROTOCOL_VERSION, WELCOME, welcome.rank))  # type: ignore[no-any-return]
+    return msgpack.packb(  # type: ignore[no-any-return]
+        (PROTOCOL_VERSION, WELCOME, welcome.rank, welcome.run)
+    )
 
 
 def encode_ack(ack: Ack) -> bytes:
@@ -457,8 +459,9 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             _want(type(budget) in (int, float) and math.isfinite(budget), "bad close budget")
             return Close(token, code, float(budget))
         if kind == WELCOME:
-            _want(len(body) == 1 and _is_int(body[0]), "bad welcome")
-            return Welcome(body[0])
+            _want(len(body) == 2 and _is_int(body[0]), "bad welcome")
+            _want(body[1] is None or type(body[1]) is dict, "bad welcome run info")
+            return Welcome(body[0], body[1])
         if kind == ACK:
             _want(len(body) == 1 and _is_int(body[0]) and body[0] >= 0, "bad ack")
             return Ack(body[0])

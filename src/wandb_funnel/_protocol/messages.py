@@ -164,9 +164,12 @@ class Close(NamedTuple):
 
 
 class Welcome(NamedTuple):
-    """The logger's answer to a Hello: the rank this stream got."""
+    """The logger's answer to a Hello: the rank this stream got, and what the open run says
+    about itself (name, project, dir, url, ...): None while it is still opening (an online run
+    opens in the background). A stream may say Hello again to ask for it."""
 
     rank: int
+    run: dict[str, Any] | None = None
 
 
 class Ack(NamedTuple):

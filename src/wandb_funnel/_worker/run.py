@@ -28,6 +28,7 @@ from wandb_funnel._constants import (
     ENV_STATS_INTERVAL,
     ENV_TOKEN,
     FINAL_FLUSH_TIMEOUT,
+    RUN_INFO_TIMEOUT,
     WELCOME_TIMEOUT,
 )
 from wandb_funnel._protocol import codec
@@ -187,9 +188,16 @@ class Run:
         return self._summary
 
     # What the logger's run told about itself when it opened (wandb.Run's properties).
+    # An online run opens in the background (its start does not wait for the network): until
+    # it has, its name, dir and url are not known, and reading one waits for them, bounded,
+    # as plain wandb.init would have waited before returning the run.
     def _run_info(self, key: str, default: Any = None) -> Any:
-        info = self._info.run_info or {}
-        return info.get(key, default)
+        info = self._info.run_info
+        if info is None:
+            info = self._live_stream().fetch_run_info(RUN_INFO_TIMEOUT)
+            if info is not None:
+                self._info = self._info._replace(run_info=info)
+        return (info or {}).get(key, default)
 
     @property
     def name(self) -> str | None:

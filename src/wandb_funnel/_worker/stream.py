@@ -37,6 +37,7 @@ from wandb_funnel._worker import console, lifecycle, system
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
 _HOSTNAME = socket.gethostname()
+_RUN_INFO_ASK = 0.5  # seconds between Hellos that ask an opening run for its name and dir
 
 
 class Stream:
@@ -71,7 +72,9 @@ class Stream:
         self.closed = False
         self._sock = ClientSocket(endpoint, self._identity, SEND_HWM, curve)
         hello = Hello(token, self.pid, _HOSTNAME, requested_rank, _pid.pid_start_time(self.pid))
-        self._sock.try_send(codec.encode_hello(hello))  # a fresh queue always has room
+        self._hello = codec.encode_hello(hello)
+        self.run_info: dict[str, Any] | None = None  # from a Welcome, once the run is open
+        self._sock.try_send(self._hello)  # a fresh queue always has room
         _register(self)
 
     # -- the hot path ----------------------------------------------------------------------
@@ -304,7 +307,29 @@ class Stream:
         if isinstance(message, Welcome):
             self._rank = message.rank
             self._welcomed = True
+            if message.run is not None:
+                self.run_info = message.run
         return message
+
+    def fetch_run_info(self, timeout: float) -> dict[str, Any] | None:
+        """What the open run says about itself (name, dir, url, ...), waiting (bounded) for
+        it: an online run opens in the background, so the Welcome may have come without it.
+        Says Hello again every ``_RUN_INFO_ASK`` seconds, which the logger answers with a
+        Welcome; None when it did not come in time, or the logger is known to be gone."""
+        deadline = time.monotonic() + timeout
+        asked = time.monotonic()  # the Hello sent at construction asked
+        while True:
+            with self._lock:
+                if self.run_info is not None or self.closed:
+                    return self.run_info
+                now = time.monotonic()
+                if now >= deadline:
+                    return None
+                if self._welcomed and now - asked >= _RUN_INFO_ASK:
+                    self._sock.try_send(self._hello)
+                    asked = now
+                if self._read_reply(min(deadline - now, 0.05)) is None and not self.logger_alive():
+                    return None
 
     def rank(self, timeout: float) -> int | None:
         """This stream's rank: the logger's answer, or the requested one if it never came."""

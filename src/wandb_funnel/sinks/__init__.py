@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from wandb_funnel._constants import ENV_SINK, SINK_RECORD_PREFIX
 
@@ -105,16 +105,42 @@ def chosen() -> tuple[str, str | None]:
     )
 
 
+class Opening(NamedTuple):
+    """How the logger waits for an online run's server (the wandb sink's concern only)."""
+
+    deadline: float  # time.monotonic() by which W&B must answer (the start_timeout)
+    on_network_error: str  # "offline": record offline under the same id; "raise"
+    stop: Callable[[], bool]  # True once the funnel is closing: stop waiting for the network
+
+
+def opens_online(init_kwargs: dict[str, Any]) -> bool:
+    """Whether the chosen sink talks to a server when it opens (an online wandb run): the
+    logger then opens it in the background, and the owner's start does not wait."""
+    if chosen()[0] != WANDB:
+        return False
+    from wandb_funnel.sinks.wandb.network import is_online
+
+    return is_online(init_kwargs)
+
+
 def open_sink(
     init_kwargs: dict[str, Any],
     step_key: str,
     program: dict[str, Any] | None,
     stats_pid: int | None,
     say: Callable[[str], None],
+    opening: Opening | None = None,
 ) -> Sink:
     """Open the run the chosen sink writes (in the logger). ``init_kwargs`` are wandb.init's,
     as plain data; ``program`` the user's (``Backend.program``); ``stats_pid`` the process
-    the run's system metrics measure; ``say`` prints a diagnostic."""
+    the run's system metrics measure; ``say`` prints a diagnostic. With ``opening``, an online
+    run waits for its server as it says (``sinks.wandb.network``): offline under the same id
+    when the server does not answer in time, unless ``on_network_error="raise"``.
+
+    Raises:
+        NetworkUnavailableError: (a ``ConnectionError``) W&B did not answer, and ``opening``
+            says to raise.
+    """
     kind, directory = chosen()
     if kind == NULL:  # the funnel alone, no wandb
         from wandb_funnel.sinks.null import NullSink
@@ -128,7 +154,17 @@ def open_sink(
         return RecordingSink(directory, init_kwargs)
     from wandb_funnel.sinks.wandb.run import WandbSink  # here: the other sinks never load wandb
 
-    return WandbSink(init_kwargs, step_key, program, stats_pid)
+    if opening is None or not opens_online(init_kwargs):
+        return WandbSink(init_kwargs, step_key, program, stats_pid)
+    from wandb_funnel.sinks.wandb.network import open_online
+
+    def init(overrides: dict[str, Any]) -> WandbSink:
+        return WandbSink({**init_kwargs, **overrides}, step_key, program, stats_pid)
+
+    sink, _ = open_online(
+        init, init_kwargs, opening.deadline, opening.on_network_error, opening.stop, say
+    )
+    return sink  # type: ignore[no-any-return]
 
 
 def generate_run_id() -> str:
