@@ -64,6 +64,8 @@ def test_control_messages_round_trip() -> None:
     close = Close("tok", 143, 2.5)
     assert same(codec.decode(codec.encode_close(close), MAX), close)
     assert same(codec.decode(codec.encode_welcome(Welcome(2)), MAX), Welcome(2))
+    opened = Welcome(2, {"name": "run-x", "dir": "/d/files", "offline": False})
+    assert same(codec.decode(codec.encode_welcome(opened), MAX), opened)
     assert same(codec.decode(codec.encode_ack(Ack(2)), MAX), Ack(2))
     assert same(codec.decode(codec.encode_done(Done({"x": 1})), MAX), Done({"x": 1}))
     update = codec.encode_update(CONFIG, {"lr": 0.1}, MAX)

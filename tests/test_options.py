@@ -31,6 +31,8 @@ def test_defaults_and_split_leave_wandb_arguments_alone() -> None:
         ({"run_mode": "everything"}, ValueError, "run_mode"),
         ({"run_mode": None}, ValueError, "run_mode"),
         ({"rank_scope": "node"}, ValueError, "rank_scope"),
+        ({"on_network_error": "retry"}, ValueError, "on_network_error"),
+        ({"on_network_error": None}, ValueError, "on_network_error"),
         ({"reduce": {"loss": "median"}}, ValueError, "median"),
         ({"reduce": {1: "sum"}}, TypeError, "reduce keys"),
         ({"reduce": 3}, TypeError, "reduce"),

@@ -122,3 +122,50 @@ def test_a_logger_on_another_host_is_never_declared_dead(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             stream.close("finished", 0.0)
+
+
+def test_an_opening_run_is_asked_again_until_it_tells_its_name(
+    logger: tuple[str, LoggerSocket],
+) -> None:
+    """An online run opens in the background: the first Welcome has no run info. The stream
+    says Hello again (every half second) until a Welcome carries it, and keeps it."""
+    address, sock = logger
+    stream = Stream(address, "tok", requested_rank=1)
+    try:
+        identity, hello = _next(sock)
+        assert isinstance(hello, Hello)
+        sock.reply(identity, codec.encode_welcome(Welcome(1)))  # the run is still opening
+        info = {"name": "run-x", "dir": "/runs/x/files", "offline": True}
+        answered: list[int] = []
+
+        def answer_the_second_hello() -> None:
+            again, message = _next(sock)
+            assert again == identity and isinstance(message, Hello)
+            answered.append(1)
+            sock.reply(identity, codec.encode_welcome(Welcome(1, info)))
+
+        responder = threading.Thread(target=answer_the_second_hello)
+        responder.start()
+        assert stream.fetch_run_info(10.0) == info
+        responder.join(5.0)
+        assert answered == [1] and stream.rank(0) == 1
+        assert stream.fetch_run_info(0.0) == info  # kept: no further question
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stream.close("test over", 0.0)
+
+
+def test_a_run_that_never_opens_costs_a_bounded_wait(logger: tuple[str, LoggerSocket]) -> None:
+    address, sock = logger
+    stream = Stream(address, "tok", requested_rank=1)
+    try:
+        identity, _ = _next(sock)
+        sock.reply(identity, codec.encode_welcome(Welcome(1)))
+        t0 = time.monotonic()
+        assert stream.fetch_run_info(0.6) is None
+        assert 0.5 <= time.monotonic() - t0 < 3.0
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stream.close("test over", 0.0)
