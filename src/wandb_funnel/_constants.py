@@ -73,6 +73,9 @@ DEFAULT_STATS_INTERVAL: Final = 15.0  # wandb's own default
 MEDIA_DIR: Final = "media"
 # The logger's accounting, when a close cut short inside wandb leaves it no DONE to send.
 FINAL_STATS: Final = "final-stats.json"
+# What the open run says about itself (name, dir, url), for processes on the logger's node
+# that have no stream of their own to ask with (an online run opens in the background).
+RUN_INFO_FILE: Final = "run-info.json"
 DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank
 DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the oldest is forced
 

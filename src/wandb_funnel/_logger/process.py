@@ -30,6 +30,7 @@ from wandb_funnel._constants import (
     FINAL_STATS,
     LOGGER_TICK,
     MEDIA_DIR,
+    RUN_INFO_FILE,
 )
 from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._logger.ordering import Reorderer
@@ -171,7 +172,8 @@ class Logger:
         # merge, and ranks that never call wandb cost that one window, not one a row.
         for rank in self._expected_ranks:
             writer.order.rank_expected(rank)
-        self._receiver.run_info = self.run_info()
+        info = self._receiver.run_info = self.run_info()
+        _write_json(self._ipc_dir, RUN_INFO_FILE, info)
 
     def watch(self) -> None:
         """Take signals and watch the owner from now on: a close may come while the run is
@@ -335,7 +337,7 @@ class Logger:
         for writer in list(self._writers.values()):
             log_to_stderr(self._what_is_safe(writer, budget, stats))
         try:
-            _write_final_stats(self._ipc_dir, stats)
+            _write_json(self._ipc_dir, FINAL_STATS, stats)
         finally:
             # The owner reads the accounting from the directory and removes it; with the owner
             # gone, nobody else will.
@@ -478,17 +480,18 @@ _REPORTED = (
 _PER_WRITER = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
 
 
-def _write_final_stats(ipc_dir: str | None, stats: dict[str, Any]) -> None:
-    """The accounting, for an owner whose CLOSE gets no DONE (``FINAL_STATS`` in the funnel's
-    private directory, written whole or not at all)."""
+def _write_json(ipc_dir: str | None, name: str, data: dict[str, Any]) -> None:
+    """``data`` as ``name`` in the funnel's private directory, written whole or not at all:
+    the run's info (``RUN_INFO_FILE``), or the accounting for an owner whose CLOSE gets no
+    DONE (``FINAL_STATS``)."""
     if not ipc_dir:
         return
-    path = os.path.join(ipc_dir, FINAL_STATS)
+    path = os.path.join(ipc_dir, name)
     try:
         with open(path + ".tmp", "w") as f:
-            json.dump(stats, f)
+            json.dump(data, f)
         os.replace(path + ".tmp", path)
-    except OSError:
+    except (OSError, TypeError, ValueError):
         pass
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -28,6 +29,7 @@ from wandb_funnel._constants import (
     ENV_STATS_INTERVAL,
     ENV_TOKEN,
     FINAL_FLUSH_TIMEOUT,
+    RUN_INFO_FILE,
     RUN_INFO_TIMEOUT,
     WELCOME_TIMEOUT,
 )
@@ -194,10 +196,20 @@ class Run:
     def _run_info(self, key: str, default: Any = None) -> Any:
         info = self._info.run_info
         if info is None:
-            info = self._live_stream().fetch_run_info(RUN_INFO_TIMEOUT)
+            info = self._fetch_run_info()
             if info is not None:
                 self._info = self._info._replace(run_info=info)
         return (info or {}).get(key, default)
+
+    def _fetch_run_info(self) -> dict[str, Any] | None:
+        """Asked on this process's stream, if it has one; read from the logger's file on its
+        node otherwise: reading a property must not make a process a rank."""
+        stream = self._stream
+        address = self._info.address
+        if (stream is None or stream.pid != os.getpid()) and address.startswith("ipc://"):
+            path = os.path.join(os.path.dirname(address[len("ipc://") :]), RUN_INFO_FILE)
+            return _wait_for_json(path, RUN_INFO_TIMEOUT, self._info.logger_pid)
+        return self._live_stream().fetch_run_info(RUN_INFO_TIMEOUT)
 
     @property
     def name(self) -> str | None:
@@ -574,3 +586,22 @@ class Run:
 
 def _restore(info: AttachInfo) -> Run:
     return Run(info, requested_rank=None)
+
+
+def _wait_for_json(path: str, timeout: float, logger_pid: int | None) -> dict[str, Any] | None:
+    """The JSON object at ``path`` once it is there (written whole by the logger), waiting at
+    most ``timeout`` seconds, and not at all once the logger is known to be gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            return data if isinstance(data, dict) else None
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError):
+            return None
+        gone = logger_pid is not None and not _pid.pid_alive(logger_pid)
+        if gone or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
