@@ -456,52 +456,11 @@ class FaultProxy:
 
         kind = kind_of(method, path)
         fault = self._fault_for(kind)
-        status: int | None = None
-        down = 0
-        try:
-            if fault is not None and fault.action == "black_hole":
-                with self._lock:
-                    self._held += 1
-                try:
-                    while not fault.lifted.wait(0.2) and not self._stopping.is_set():
-                        pass
-                finally:
-                    with self._lock:
-                        self._held -= 1
-                return False  # closed, never answered
-            if fault is not None and fault.action == "reset":
-                _reset(client)
-                return False
-            if fault is not None and fault.action == "status":
-                down = _send(
-                    client,
-                    _response_head(fault.code, None, fault.headers, len(fault.body), keep_alive)
-                    + fault.body,
-                )
-                status = fault.code
-                return keep_alive
-            if fault is not None and fault.action == "delay" and self._stopping.wait(fault.seconds):
-                return False  # stopped meanwhile
-            answer = self._forward(method, path, headers, body)
-            if answer is None:  # no server, or no answer from it in time
-                _reset(client)
-                return False
-            code, reason, resp_headers, resp_body = answer
-            if kind == "filestream" and 200 <= code < 300:
-                self._note_filestream(path, headers, body)
-            length_header = None
-            if method == "HEAD":
-                length_header = next(
-                    (v for k, v in resp_headers if k.lower() == "content-length"), None
-                )
-            head = _response_head(
-                code, reason, resp_headers, len(resp_body), keep_alive, length_header
-            )
-            down = _send(client, head + resp_body)
-            status = code
-            return keep_alive
-        finally:
-            record = RequestRecord(
+
+        # Each outcome is recorded before the client can see it: a client that has its
+        # answer (or its reset) finds the request already counted.
+        def record(status: int | None, down: int) -> None:
+            done = RequestRecord(
                 started=started,
                 ended=time.monotonic(),
                 method=method,
@@ -513,7 +472,54 @@ class FaultProxy:
                 bytes_down=down,
             )
             with self._lock:
-                self._records.append(record)
+                self._records.append(done)
+
+        if fault is not None and fault.action == "black_hole":
+            with self._lock:
+                self._held += 1
+            try:
+                while not fault.lifted.wait(0.2) and not self._stopping.is_set():
+                    pass
+            finally:
+                record(None, 0)
+                with self._lock:
+                    self._held -= 1
+            return False  # closed, never answered
+        if fault is not None and fault.action == "reset":
+            record(None, 0)
+            _reset(client)
+            return False
+        if fault is not None and fault.action == "status":
+            data = (
+                _response_head(fault.code, None, fault.headers, len(fault.body), keep_alive)
+                + fault.body
+            )
+            record(fault.code, len(data))
+            client.sendall(data)
+            return keep_alive
+        if fault is not None and fault.action == "delay" and self._stopping.wait(fault.seconds):
+            record(None, 0)
+            return False  # stopped meanwhile
+        answer = self._forward(method, path, headers, body)
+        if answer is None:  # no server, or no answer from it in time
+            record(None, 0)
+            _reset(client)
+            return False
+        code, reason, resp_headers, resp_body = answer
+        if kind == "filestream" and 200 <= code < 300:
+            self._note_filestream(path, headers, body)
+        length_header = None
+        if method == "HEAD":
+            length_header = next(
+                (v for k, v in resp_headers if k.lower() == "content-length"), None
+            )
+        data = (
+            _response_head(code, reason, resp_headers, len(resp_body), keep_alive, length_header)
+            + resp_body
+        )
+        record(code, len(data))
+        client.sendall(data)
+        return keep_alive
 
     def _forward(
         self, method: str, path: str, headers: http.client.HTTPMessage, body: bytes
@@ -578,7 +584,7 @@ class FaultProxy:
                 code, answer = 404, b'{"error": "unknown control path"}'
         except (ValueError, TypeError, KeyError) as exc:
             code, answer = 400, json.dumps({"error": str(exc)}).encode()
-        _send(client, _response_head(code, None, [], len(answer), True) + answer)
+        client.sendall(_response_head(code, None, [], len(answer), True) + answer)
         return True
 
     def apply(self, spec: Mapping[str, Any]) -> None:
@@ -659,11 +665,6 @@ def _response_head(
     lines.append(f"Content-Length: {length_header if length_header is not None else length}")
     lines.append("Connection: " + ("keep-alive" if keep_alive else "close"))
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-def _send(sock: socket.socket, data: bytes) -> int:
-    sock.sendall(data)
-    return len(data)
 
 
 def _reset(sock: socket.socket) -> None:
