@@ -123,12 +123,12 @@ def _opener(fail_online: bool = False) -> tuple[Any, list[dict[str, Any]]]:
 
 
 def _open(
-    url: str, init: Any, on_error: str = "offline", wait: float = 2.0, stop: Any = None
+    url: str, init: Any, on_error: str = "offline", wait: float = 2.0, closing: Any = None
 ) -> tuple[tuple[Any, str | None], list[str]]:
     said: list[str] = []
     kwargs = {"id": "abc", "mode": "online", "settings": {"base_url": url, "console": "off"}}
     out = network.open_online(
-        init, kwargs, time.monotonic() + wait, on_error, stop or (lambda: False), said.append
+        init, kwargs, time.monotonic() + wait, on_error, closing or (lambda: None), said.append
     )
     return out, said
 
@@ -170,12 +170,68 @@ def test_raise_is_plain_wandbs_behaviour_and_names_the_url_and_error(refusing: s
 
 def test_a_close_stops_the_wait_at_once_and_the_run_is_kept_offline(silent: str) -> None:
     init, _calls = _opener()
-    closing = threading.Event()
-    threading.Timer(0.3, closing.set).start()
+    asked = threading.Event()
+    threading.Timer(0.3, asked.set).start()
     t0 = time.monotonic()
-    (sink, error), said = _open(silent, init, wait=60.0, stop=closing.is_set)
+    (sink, error), said = _open(silent, init, wait=60.0, closing=_closing_by(asked, 30.0))
     assert time.monotonic() - t0 < 8.0  # not the 60 s of start_timeout
     assert sink.kwargs["mode"] == "offline" and "closed before it answered" in (error or "")
+    assert len(said) == 1
+
+
+def _closing_by(asked: threading.Event, budget: float) -> Any:
+    """A close asked when ``asked`` is set: the run must be open ``budget`` s later."""
+    at: list[float] = []
+
+    def closing() -> float | None:
+        if not asked.is_set():
+            return None
+        if not at:
+            at.append(time.monotonic() + budget)
+        return at[0]
+
+    return closing
+
+
+def test_a_close_waits_for_an_init_already_talking_to_a_server_that_answered(
+    answering: str,
+) -> None:
+    """A short job closes while wandb.init is still opening the run online (a healthy server,
+    a second or two): the run stays online, within the close's budget."""
+    asked = threading.Event()
+
+    def slow_init(overrides: dict[str, Any]) -> _Sink:
+        asked.set()  # the close comes now, while init runs
+        time.sleep(1.0)
+        return _Sink({"id": "abc", "mode": "online", **overrides})
+
+    (sink, error), said = _open(answering, slow_init, wait=30.0, closing=_closing_by(asked, 10))
+    assert error is None and said == [] and sink.kwargs["mode"] == "online"
+
+
+def test_an_init_that_outlasts_the_close_budget_is_left_for_an_offline_run(
+    answering: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(network, "_own_service", lambda: None)
+    asked = threading.Event()
+    release = threading.Event()
+    calls: list[dict[str, Any]] = []
+
+    def stuck_init(overrides: dict[str, Any]) -> _Sink:
+        calls.append(overrides)
+        if overrides.get("mode") == "offline":
+            return _Sink({"id": "abc", **overrides})
+        asked.set()
+        release.wait(30)  # a server that answered the probe, then stalled
+        return _Sink({"id": "abc", "mode": "online", **overrides})
+
+    t0 = time.monotonic()
+    try:
+        (sink, error), said = _open(answering, stuck_init, wait=60, closing=_closing_by(asked, 1))
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 10.0
+    assert sink.kwargs["mode"] == "offline" and "closed while wandb.init" in (error or "")
     assert len(said) == 1
 
 

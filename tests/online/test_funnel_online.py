@@ -9,11 +9,12 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
 
-from tests.conftest import Scripts, program, reports
+from tests.conftest import ScriptResult, Scripts, program, reports
 from tests.online.conftest import Online
 from tests.wandb_reader import WandbRun, read_run
 
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.online, pytest.mark.processes]
 ONLINE = program("online")
 STEPS = 20
 WORKERS = 2
+RANKS = ["ranks", "--workers", str(WORKERS), "--steps", str(STEPS)]
 
 
 def _rows_of_every_rank(history: list[dict[str, Any]]) -> None:
@@ -41,7 +43,7 @@ def _local_run(seen: dict[str, Any]) -> WandbRun:
 
 def _sync_command(stderr: str) -> list[str]:
     """The upload command the funnel printed (its last line that starts with wandb sync)."""
-    commands = re.findall(r"^\s*(wandb sync .+)$", stderr, re.MULTILINE)
+    commands: list[str] = re.findall(r"^\s*(wandb sync .+)$", stderr, re.MULTILINE)
     assert commands, stderr[-3000:]
     return commands[-1].split()
 
@@ -62,10 +64,12 @@ def _run_sync(command: list[str], online: Online, scripts: Scripts) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-def _ranks(scripts: Scripts, online: Online, *args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def _ranks(
+    scripts: Scripts, online: Online, *args: str, env: dict[str, str] | None = None
+) -> tuple[ScriptResult, dict[str, Any]]:
     result = scripts.run_file(
         ONLINE,
-        ["ranks", "--workers", str(WORKERS), "--steps", str(STEPS), *args],
+        [*RANKS, *args],
         timeout=200,
         extra_env={**online.env, **(env or {})},
     )
@@ -79,7 +83,7 @@ def test_an_online_run_reaches_the_server_whole(online: Online, scripts: Scripts
     config, the summary with the funnel's accounting; the run is finished."""
     result, seen = _ranks(scripts, online)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert seen["exit_codes"] == [0] * WORKERS and seen["offline"] is False
+    assert seen["exit_codes"] == [0] * WORKERS and seen["offline"] is False, seen
     assert seen["url"].startswith(online.proxy.url) and seen["run_id"] in seen["url"]
     stats = seen["stats"]
     assert stats["funnel/records"] == STEPS * (WORKERS + 1) and stats["funnel/rows"] == STEPS
@@ -172,9 +176,22 @@ def test_a_stalled_upload_at_the_end_is_bounded_truthful_and_uploads_later(
     close_timeout, says that every row and the exit record are safe on disk (never that they
     are lost), gives the exact command, and the owner still gets the whole accounting.
     Once the server answers, that command uploads every row, once."""
+    hold = scripts.tmp_path / "hold"
+    proc = scripts.start_file(
+        ONLINE,
+        [*RANKS, "--close-timeout", "8", "--hold", str(hold)],
+        extra_env=online.env,
+    )
+    t0 = time.monotonic()
+    while not pathlib.Path(f"{hold}.ready").exists():  # the run is open, every step logged
+        assert proc.poll() is None and time.monotonic() - t0 < 120
+        time.sleep(0.05)
     online.proxy.black_hole(only="filestream")
-    result, seen = _ranks(scripts, online, "--close-timeout", "8")
+    hold.touch()
+    result = scripts.finish(proc, 120, t0)
+    seen = reports(result.stdout)
     assert result.returncode == 0, result.stderr[-4000:]
+    assert not result.leftovers
     assert result.elapsed < 100
     assert "are lost" not in result.stderr, result.stderr[-4000:]
     assert "Safe on this disk" in result.stderr and "exit record" in result.stderr

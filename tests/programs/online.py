@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
+import pathlib
 import time
 from typing import Any
 
@@ -22,7 +24,7 @@ import wandb_funnel as wf
 scenario = Scenarios(__doc__)
 
 
-def worker(steps: int, barrier: Any) -> None:
+def worker(steps: int, barrier: Any, pause: float) -> None:
     run = wf.init()
     barrier.wait(60)
     slowest = 0.0
@@ -30,6 +32,8 @@ def worker(steps: int, barrier: Any) -> None:
         t0 = time.perf_counter()
         run.log({"loss": 1.0 / (step + 1), f"w{run.rank}": step}, step=step)
         slowest = max(slowest, time.perf_counter() - t0)
+        if pause:
+            time.sleep(pause)
     report(rank=run.rank, slowest_log_s=slowest)
     run.finish()
 
@@ -41,6 +45,12 @@ def worker(steps: int, barrier: Any) -> None:
     option("--close-timeout", type=float, default=30.0),
     option("--on-network-error", default="offline"),
     option("--step-pause", type=float, default=0.0),
+    option(
+        "--hold",
+        default=None,
+        help="before the close: once the run is open, touch "
+        "HOLD.ready and wait (at most 60 s) until HOLD exists",
+    ),
 )
 def ranks(args: argparse.Namespace) -> None:
     """The owner (rank 0) and ``--workers`` spawned ranks log ``--steps`` steps each."""
@@ -56,7 +66,8 @@ def ranks(args: argparse.Namespace) -> None:
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(args.workers + 1)
         procs = [
-            ctx.Process(target=worker, args=(args.steps, barrier)) for _ in range(args.workers)
+            ctx.Process(target=worker, args=(args.steps, barrier, args.step_pause))
+            for _ in range(args.workers)
         ]
         for p in procs:
             p.start()
@@ -73,15 +84,24 @@ def ranks(args: argparse.Namespace) -> None:
         run.summary["best"] = 1.0
         for p in procs:
             p.join(120)
-        report(
-            run_id=funnel.run_id,
-            dir=run.dir,
-            offline=run.offline,
-            url=run.url,
-            start_s=started,
-            slowest_log_s=slowest,
-        )
-    report(stats=funnel.stats, exit_codes=[p.exitcode for p in procs])
+        if args.hold:
+            assert run.dir  # waits until the run is open
+            pathlib.Path(args.hold + ".ready").touch()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(args.hold) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    # After the close: reading them before would wait for a run still opening in the
+    # background (as wandb.init waits), and the test times the job.
+    report(
+        run_id=funnel.run_id,
+        dir=run.dir,
+        offline=run.offline,
+        url=run.url,
+        start_s=started,
+        slowest_log_s=slowest,
+        stats=funnel.stats,
+        exit_codes=[p.exitcode for p in procs],
+    )
 
 
 if __name__ == "__main__":

@@ -185,9 +185,15 @@ class Logger:
         signal.signal(signal.SIGINT, self._on_signal)
         threading.Thread(target=self._watch_owner, name="wandb-funnel-owner", daemon=True).start()
 
-    def closing_asked(self) -> bool:
-        """True once anything asked the funnel to close (the owner, a signal, its death)."""
-        return self._close.first() is not None
+    def open_by(self) -> float | None:
+        """None until anything asks the funnel to close (the owner, a signal, its death);
+        then the time by which a run still opening must be open: the half of the close's
+        budget that waits for stragglers (the other half writes the rows and finishes)."""
+        asked = self._close.first()
+        if asked is None:
+            return None
+        budget = self._close_timeout if asked.budget is None else asked.budget
+        return asked.at + max(0.0, budget) / 2
 
     def run_info(self) -> dict[str, Any]:
         """What the run told about itself when it opened (empty in run_mode="new")."""
@@ -547,7 +553,7 @@ def main() -> int:
         opening = Opening(
             time.monotonic() + start.options.start_timeout,
             start.options.on_network_error,
-            logger.closing_asked,
+            logger.open_by,
         )
         if not background:
             logger.open_run(opening)
@@ -577,4 +583,7 @@ def main() -> int:
             sock.reply(receiver.closer, codec.encode_done(Done(stats)))
         if not receiver.is_alive():
             sock.close()
-        remove_ipc_dir(start.ipc_dir)
+        # The owner removes the directory once it has read what is left there for it (the
+        # run's info: it opened in the background); with the owner gone, nobody else will.
+        if os.getppid() != start.owner_pid:
+            remove_ipc_dir(start.ipc_dir)

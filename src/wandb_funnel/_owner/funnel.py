@@ -14,7 +14,13 @@ from types import TracebackType
 from typing import Any
 
 from wandb_funnel import _current
-from wandb_funnel._constants import DEFAULT_STATS_INTERVAL, EXPORTED_ENV, FINAL_STATS, MEDIA_DIR
+from wandb_funnel._constants import (
+    DEFAULT_STATS_INTERVAL,
+    EXPORTED_ENV,
+    FINAL_STATS,
+    MEDIA_DIR,
+    RUN_INFO_FILE,
+)
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
@@ -70,7 +76,7 @@ def _portable_init_kwargs(kwargs: dict[str, Any], sink: Backend) -> dict[str, An
     return out
 
 
-def _read_final_stats(path: str) -> dict[str, Any] | None:
+def _read_json(path: str) -> dict[str, Any] | None:
     try:
         with open(path) as f:
             stats = json.load(f)
@@ -303,9 +309,7 @@ class Funnel:
             for own in stream.open_streams():
                 own.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())), code)
         outcome, self.stats = logger.close(code, deadline)
-        if self.stats is None and self._ipc_dir is not None:
-            # A logger out of time inside wandb leaves its accounting here before it exits.
-            self.stats = _read_final_stats(os.path.join(self._ipc_dir, FINAL_STATS))
+        self._read_what_the_logger_left()
         if outcome == "already-exited":
             warnings.warn(
                 f"wandb-funnel: the logger (pid {logger.pid}) had already exited with code "
@@ -321,6 +325,21 @@ class Funnel:
                 FunnelWarning,
                 stacklevel=4,
             )
+
+    def _read_what_the_logger_left(self) -> None:
+        """Read, before the private directory goes, what the exited logger left there."""
+        if self._ipc_dir is None:
+            return
+        if self.stats is None:
+            # A logger out of time inside wandb leaves its accounting here before it exits.
+            self.stats = _read_json(os.path.join(self._ipc_dir, FINAL_STATS))
+        run = self._run
+        if run is not None and run._info.run_info is None:
+            # The run opened in the background: its name and dir stay readable after the
+            # close, which removes the file they were read from.
+            info = _read_json(os.path.join(self._ipc_dir, RUN_INFO_FILE))
+            if info is not None:
+                run._info = run._info._replace(run_info=info)
 
     def _close_on_exit(self, exit_code: int, reason: str) -> None:
         self.close(exit_code)

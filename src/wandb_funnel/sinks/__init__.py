@@ -110,7 +110,9 @@ class Opening(NamedTuple):
 
     deadline: float  # time.monotonic() by which W&B must answer (the start_timeout)
     on_network_error: str  # "offline": record offline under the same id; "raise"
-    stop: Callable[[], bool]  # True once the funnel is closing: stop waiting for the network
+    # None while the funnel runs; once it is closing, the time (monotonic) by which the run
+    # must be open (a server that has not answered is then no longer waited for)
+    closing: Callable[[], float | None]
 
 
 def opens_online(init_kwargs: dict[str, Any]) -> bool:
@@ -162,7 +164,7 @@ def open_sink(
         return WandbSink({**init_kwargs, **overrides}, step_key, program, stats_pid)
 
     sink, _ = open_online(
-        init, init_kwargs, opening.deadline, opening.on_network_error, opening.stop, say
+        init, init_kwargs, opening.deadline, opening.on_network_error, opening.closing, say
     )
     return sink  # type: ignore[no-any-return]
 

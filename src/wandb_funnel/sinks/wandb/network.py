@@ -91,10 +91,15 @@ def _reason(reason: Any) -> str:
 
 
 def wait_until_answering(
-    url: str, deadline: float, stop: Callable[[], bool]
+    url: str, deadline: float, closing: Callable[[], float | None]
 ) -> tuple[str | None, int]:
-    """Probe ``url`` until it answers, the ``deadline`` (monotonic) passes or ``stop()``
-    says to; returns (None, tries) once it answers, else (the last error, tries)."""
+    """Probe ``url`` until it answers, the ``deadline`` (monotonic) passes or the funnel is
+    closing (``closing()`` is not None: a server that has not answered yet is not waited
+    for); returns (None, tries) once it answers, else (the last error, tries)."""
+
+    def stop() -> bool:
+        return closing() is not None
+
     error = "not asked"
     tries = 0
     while True:
@@ -115,13 +120,16 @@ def open_online(
     init_kwargs: dict[str, Any],
     deadline: float,
     on_network_error: str,
-    stop: Callable[[], bool],
+    closing: Callable[[], float | None],
     say: Callable[[str], None],
 ) -> tuple[Any, str | None]:
     """Open the run online, or offline under the same id when W&B does not answer.
 
-    ``init(overrides)`` opens the sink with ``overrides`` on top of ``init_kwargs``. Returns
-    (the sink, None) when the run is online, or (the offline sink, the error in words).
+    ``init(overrides)`` opens the sink with ``overrides`` on top of ``init_kwargs``.
+    ``closing()`` is None while the funnel runs, and once it is closing the time (monotonic)
+    by which the run must be open: a server that has not answered is then not waited for,
+    and a ``wandb.init`` already talking to one that did is waited for until that time.
+    Returns (the sink, None) when the run is online, or (the offline sink, the error).
 
     Raises:
         NetworkUnavailableError: ``on_network_error="raise"`` and W&B did not answer.
@@ -129,13 +137,13 @@ def open_online(
     url = base_url(init_kwargs)
     settings = init_kwargs.get("settings")
     settings = dict(settings) if isinstance(settings, dict) else {}
-    error, tries = wait_until_answering(url, deadline, stop)
+    error, tries = wait_until_answering(url, deadline, closing)
     if error is None:
-        opened, error = _init_online(init, settings, deadline, stop)
+        opened, error = _init_online(init, settings, deadline, closing)
         if opened is not None:
             return opened, None
         _own_service()  # the shared wandb-core may hold the run's id now
-    elif stop():
+    elif closing() is not None:
         error = f"{error}; the funnel closed before it answered"
     waited = f"{tries} tries" if tries != 1 else "1 try"
     if on_network_error == "raise":
@@ -154,11 +162,11 @@ def _init_online(
     init: Callable[[dict[str, Any]], Any],
     settings: dict[str, Any],
     deadline: float,
-    stop: Callable[[], bool],
+    closing: Callable[[], float | None],
 ) -> tuple[Any, str]:
-    """``wandb.init`` online on a thread, bounded by ``deadline`` and ``stop()``: returns
-    (the sink, "") or (None, why not). A call still running past them is abandoned (its
-    thread is a daemon): it holds nothing the offline run needs."""
+    """``wandb.init`` online on a thread, bounded by ``deadline`` and, once the funnel is
+    closing, by the time ``closing()`` gives: returns (the sink, "") or (None, why not). A
+    call still running past them is abandoned (its thread is a daemon)."""
     done = threading.Event()
     result: list[Any] = [None, ""]
 
@@ -178,7 +186,8 @@ def _init_online(
 
     threading.Thread(target=run, name="wandb-funnel-init-online", daemon=True).start()
     while not done.wait(0.05):
-        if stop():
+        close_by = closing()
+        if close_by is not None and time.monotonic() >= close_by:
             return None, "the funnel closed while wandb.init was still waiting for W&B"
         if time.monotonic() >= deadline:
             return None, "wandb.init did not return within start_timeout"
