@@ -23,6 +23,10 @@ GATE: frozenset[str] = frozenset(
         "frameworks/test_clients.py::test_client_through_the_funnel_keeps_everything_plain_wandb_had[accelerate-install]",
         "frameworks/test_tensorboard.py::test_one_process_gets_plain_wandbs_tensorboard_history_files_and_tbrecords[run-torch]",
         "frameworks/test_tensorboard.py::test_keywords_that_cannot_act_in_the_caller_warn_once_and_are_counted[wf-init-not_carried0]",
+        # online against OpenWandb behind the fault proxy: healthy, and a server that never
+        # answers (the run offline under its id, the printed wandb sync uploads it)
+        "online/test_funnel_online.py::test_an_online_run_reaches_the_server_whole",
+        "online/test_funnel_online.py::test_a_server_that_never_answers_costs_no_rank_any_time_and_no_row",
         # testing.capture_run, as a user's test runs it
         "processes/test_capture.py::test_a_users_test_gets_every_row_without_wandb",
         # console (output_raw) and system metrics (stats), against plain wandb (a job where only
