@@ -27,6 +27,8 @@ def main() -> None:
     print("REPORT " + json.dumps({"run_id": run.id, "init_s": time.monotonic() - t0}), flush=True)
     for step in range(rows):
         run.log({"loss": 1.0 / (step + 1), "acc": step / rows}, step=step)
+        if step == 0:  # the wall clock, for a driver that started this process
+            print("REPORT " + json.dumps({"first_log_at": time.time()}), flush=True)
         time.sleep(pause)
     if hold:
         pathlib.Path(hold + ".ready").touch()

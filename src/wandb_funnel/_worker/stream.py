@@ -328,7 +328,8 @@ class Stream:
                 if self._welcomed and now - asked >= _RUN_INFO_ASK:
                     self._sock.try_send(self._hello)
                     asked = now
-                if self._read_reply(min(deadline - now, 0.05)) is None and not self.logger_alive():
+                # Short slices under the lock: another thread's log() waits at most that long.
+                if self._read_reply(min(deadline - now, 0.01)) is None and not self.logger_alive():
                     return None
 
     def rank(self, timeout: float) -> int | None:
