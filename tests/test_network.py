@@ -168,13 +168,15 @@ def test_raise_is_plain_wandbs_behaviour_and_names_the_url_and_error(refusing: s
     assert isinstance(caught.value, ConnectionError)
 
 
-def test_a_close_stops_the_wait_at_once_and_the_run_is_kept_offline(silent: str) -> None:
+def test_a_close_waits_for_a_silent_server_only_within_its_budget(silent: str) -> None:
+    """A close (its budget: 2 s) ends the wait for a server that never answers long before
+    start_timeout (60 s); the run is kept offline."""
     init, _calls = _opener()
     asked = threading.Event()
     threading.Timer(0.3, asked.set).start()
     t0 = time.monotonic()
-    (sink, error), said = _open(silent, init, wait=60.0, closing=_closing_by(asked, 30.0))
-    assert time.monotonic() - t0 < 8.0  # not the 60 s of start_timeout
+    (sink, error), said = _open(silent, init, wait=60.0, closing=_closing_by(asked, 2.0))
+    assert 2.0 < time.monotonic() - t0 < 10.0  # the close's budget, not start_timeout
     assert sink.kwargs["mode"] == "offline" and "closed before it answered" in (error or "")
     assert len(said) == 1
 
@@ -191,6 +193,39 @@ def _closing_by(asked: threading.Event, budget: float) -> Any:
         return at[0]
 
     return closing
+
+
+def test_a_server_back_while_the_job_closes_still_gets_the_run_online() -> None:
+    """The server is down when the close comes and back 1 s later, within the close's
+    budget: the run opens online."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    handler = type("Handler", (_Answer,), {"status": 200})
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def come_back() -> None:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        servers.append(server)
+        server.serve_forever()
+
+    back = threading.Timer(1.0, come_back)
+    back.daemon = True
+    back.start()
+    asked = threading.Event()
+    asked.set()  # closing from the start
+    init, _calls = _opener()
+    try:
+        (sink, error), said = _open(
+            f"http://127.0.0.1:{port}", init, wait=60.0, closing=_closing_by(asked, 10.0)
+        )
+    finally:
+        back.cancel()
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+        back.join(5)
+    assert error is None and said == [] and sink.kwargs["mode"] == "online"
 
 
 def test_a_close_waits_for_an_init_already_talking_to_a_server_that_answered(

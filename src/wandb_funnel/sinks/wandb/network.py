@@ -93,26 +93,27 @@ def _reason(reason: Any) -> str:
 def wait_until_answering(
     url: str, deadline: float, closing: Callable[[], float | None]
 ) -> tuple[str | None, int]:
-    """Probe ``url`` until it answers, the ``deadline`` (monotonic) passes or the funnel is
-    closing (``closing()`` is not None: a server that has not answered yet is not waited
-    for); returns (None, tries) once it answers, else (the last error, tries)."""
+    """Probe ``url`` until it answers or the ``deadline`` (monotonic) passes, or, once the
+    funnel is closing, the time ``closing()`` gives (a server down for a few seconds as the
+    job ends still gets the run online); returns (None, tries) once it answers, else (the
+    last error, tries)."""
 
-    def stop() -> bool:
-        return closing() is not None
+    def left() -> float:
+        close_by = closing()
+        end = deadline if close_by is None else min(deadline, close_by)
+        return end - time.monotonic()
 
     error = "not asked"
     tries = 0
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or stop():
-            return error, tries
+    while left() > 0:
         tries += 1
-        error = probe(url, min(_PROBE_TIMEOUT, left)) or ""
+        error = probe(url, min(_PROBE_TIMEOUT, left())) or ""
         if not error:
             return None, tries
-        pause_until = min(deadline, time.monotonic() + _PROBE_EVERY)
-        while time.monotonic() < pause_until and not stop():
+        pause_until = time.monotonic() + _PROBE_EVERY
+        while time.monotonic() < pause_until and left() > 0:
             time.sleep(0.05)
+    return error, tries
 
 
 def open_online(
@@ -127,8 +128,8 @@ def open_online(
 
     ``init(overrides)`` opens the sink with ``overrides`` on top of ``init_kwargs``.
     ``closing()`` is None while the funnel runs, and once it is closing the time (monotonic)
-    by which the run must be open: a server that has not answered is then not waited for,
-    and a ``wandb.init`` already talking to one that did is waited for until that time.
+    by which the run must be open (the server, and a ``wandb.init`` talking to it, are
+    waited for until then, within the close's budget).
     Returns (the sink, None) when the run is online, or (the offline sink, the error).
 
     Raises:
@@ -144,7 +145,7 @@ def open_online(
             return opened, None
         _own_service()  # the shared wandb-core may hold the run's id now
     elif closing() is not None:
-        error = f"{error}; the funnel closed before it answered"
+        error = f"{error}; the funnel closed before it answered"  # within its close budget
     waited = f"{tries} tries" if tries != 1 else "1 try"
     if on_network_error == "raise":
         raise NetworkUnavailableError(url, f"{error} ({waited})")
