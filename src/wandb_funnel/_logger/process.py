@@ -370,21 +370,22 @@ class Logger:
         log = f"{run_dir}/run-{writer.name}.wandb"
         offline = bool(info.get("offline", True))
         head = f"could not finish the run within its {budget:.1f}s close budget"
+        dropped = stats["funnel/dropped_records"]
+        lost = f"{dropped} records, counted" if dropped else "nothing"
         if writer.finish_called:
             where = "" if offline else ", and the upload to W&B did not finish in time"
             sync = f"wandb sync {run_dir}" if offline else f"wandb sync --include-online {run_dir}"
             return (
                 f"{head} (wandb's finish did not return{where}). Safe on this disk, in the "
                 f"run's transaction log {log}: its {writer.rows} rows ({writer.records} records), "
-                f"its accounting and its exit record; lost: "
-                f"{stats['funnel/dropped_records']} records, counted. Upload what W&B is "
+                f"its accounting and its exit record; lost: {lost}. Upload what W&B is "
                 f"missing with:\n    {sync}"
             )
         return (
             f"{head} (wandb stalled before the run's exit record). Safe on this disk, in "
             f"{log}: {writer.rows} rows ({writer.records} records)"
             f"{' and the accounting' if writer.summary_sent else ''}; lost: the exit record "
-            f"and {stats['funnel/dropped_records']} records not yet written."
+            f"and {dropped} records not yet written (counted)."
         )
 
     # -- the end -------------------------------------------------------------------------------
