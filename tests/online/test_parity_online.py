@@ -214,13 +214,35 @@ def assert_the_same_metadata(plain: Job, funnel: Job, args: list[str]) -> None:
 RANK0 = str(PROGRAMS / "rank0_online.py")
 STEPS = 12
 EVAL_STEPS = [3, 7, 11]  # rank0_online.py: val/loss every 4th step, merged with commit=False
+# A media file is named after the row's _step: media/images/<key>_<_step>_<sha20>.png
+MEDIA_STEP = re.compile(r"^(media/.+)_\d+_([0-9a-f]{20}\.\w+)$")
+
+
+def unstepped(path: str) -> str:
+    return MEDIA_STEP.sub(r"\1_<step>_\2", path)
+
+
+def view(data: dict[str, Any]) -> dict[str, Any]:
+    """``users(data)`` without ``_step``, media paths without their step (both compared on
+    their own: they differ by design when the script passes ``step=``)."""
+    out = {}
+    for key, value in users(data).items():
+        if key == "_step":
+            continue
+        media = isinstance(value, dict) and isinstance(value.get("path"), str)
+        out[key] = {**value, "path": unstepped(value["path"])} if media else value
+    return out
 
 
 @pytest.mark.timeout(2 * JOB_TIMEOUT + 60)
+@pytest.mark.parametrize("stride", [0, 10], ids=["no-step", "step-arg"])
 def test_a_rank0_script_online_is_plain_wandbs_run_on_the_server(
-    online: Online, scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+    online: Online, scripts: Scripts, tmp_path_factory: pytest.TempPathFactory, stride: int
 ) -> None:
-    argv = [*TORCHRUN, RANK0, "--steps", str(STEPS)]
+    """``stride`` 0: every ``log`` without ``step=`` (nanoGPT, HF); 10: ``log(..., step=10 *
+    step)`` (accelerate's tracker passes its step)."""
+    args = ["--steps", str(STEPS), "--stride", str(stride)]
+    argv = [*TORCHRUN, RANK0, *args]
     plain = run_job(online, Scripts(tmp_path_factory.mktemp("plain")), "plain", argv, STEPS)
     funnel = run_job(online, scripts, "funnel", argv, STEPS)
     for job in (plain, funnel):  # the id rank 0 reported is the run the server holds
@@ -230,25 +252,33 @@ def test_a_rank0_script_online_is_plain_wandbs_run_on_the_server(
     assert plain.run.display_name == "parity-online"
     assert plain.record["tags"] == ["ddp", "rank0"]
     assert plain.record["program"].endswith("rank0_online.py")
-    assert_the_same_metadata(plain, funnel, ["--steps", str(STEPS)])
+    assert_the_same_metadata(plain, funnel, args)
 
     # History: every row, in order, with every user key and value (the image's and the
-    # histogram's descriptors included), and the same _step.
+    # histogram's descriptors included).
     p_rows, f_rows = plain.run.history, funnel.run.history
-    assert [users(r) for r in f_rows] == [users(r) for r in p_rows]
-    assert plain.run.steps == funnel.run.steps == list(range(STEPS))
+    assert [view(r) for r in f_rows] == [view(r) for r in p_rows]
     assert [s for s, r in enumerate(p_rows) if "val/loss" in r] == EVAL_STEPS
     last = p_rows[-1]
     assert last["samples"]["_type"] == "image-file" and last["weights"]["_type"] == "histogram"
-    # By design: the funnel's step key in every row; the script logs without step=, so the
-    # funnel's step is wandb's. Plain has no such key.
-    assert [r[STEP_KEY] for r in f_rows] == list(range(STEPS))
+    # The step, by design: the user's step (plain's _step: the step= passed, or wandb's
+    # count) is the funnel's step key in every row; the funnel logs its rows without step=,
+    # so its _step counts rows. Without step= the two are the same; with step= the funnel's
+    # _step (the Table view's Step, the media panels' step slider) and the media files' names
+    # are row numbers, where plain's are the user's step.
+    users_steps = [stride * s for s in range(STEPS)] if stride else list(range(STEPS))
+    assert plain.run.steps == users_steps
+    assert [r[STEP_KEY] for r in f_rows] == users_steps
+    assert funnel.run.steps == list(range(STEPS))
     assert not any(STEP_KEY in r for r in p_rows)
+    f_last = f_rows[-1]
+    assert last["samples"]["path"].startswith(f"media/images/samples_{users_steps[-1]}_")
+    assert f_last["samples"]["path"].startswith(f"media/images/samples_{STEPS - 1}_")
     for job in (plain, funnel):
         assert_clocks_in_order(job.run)
-    # The step axis: the user's define_metric("val/loss", summary="min") in both; the funnel
-    # adds its step key and charts every key against it ("*" -> global_step), plain wandb
-    # charts against _step: the same numbers here.
+    # The chart's x-axis: the user's define_metric("val/loss", summary="min") in both; the
+    # funnel adds its step key and charts every key against it ("*" -> global_step), plain
+    # wandb charts against _step: the same numbers, the user's step, either way.
     p_metrics, f_metrics = plain.metrics, funnel.metrics
     assert p_metrics["val/loss"] == f_metrics["val/loss"]
     assert set(p_metrics) == {"val/loss"}
@@ -259,45 +289,44 @@ def test_a_rank0_script_online_is_plain_wandbs_run_on_the_server(
     # media, the histogram and val/loss's {"min": ...} too): the user's keys and values.
     assert users(funnel.run.summary) == users(plain.run.summary)
     assert plain.run.summary["best_val"] == min(r["val/loss"] for r in p_rows if "val/loss" in r)
-    assert plain.run.summary_file is not None and funnel.run.summary_file is not None
-    assert users(funnel.run.summary_file) == users(plain.run.summary_file)
-    assert plain.run.summary_file["val/loss"] == {"min": plain.run.summary["best_val"]}
-    assert plain.run.summary_file["samples"] == last["samples"]
+    p_file, f_file = plain.run.summary_file, funnel.run.summary_file
+    assert p_file is not None and f_file is not None
+    assert view(f_file) == view(p_file)
+    assert (p_file["_step"], f_file["_step"]) == (users_steps[-1], STEPS - 1)
+    assert p_file["val/loss"] == {"min": plain.run.summary["best_val"]}
+    assert (p_file["samples"], f_file["samples"]) == (last["samples"], f_last["samples"])
     # By design: the funnel's accounting and step key; only rank 0 ever attached (rank 1
     # never calls wandb), every record written, none dropped or late.
     assert funnels(plain.run.summary) == set()
     extra = funnel.run.summary
-    assert STEP_KEY in funnels(extra) and extra[STEP_KEY] == STEPS - 1
+    assert extra[STEP_KEY] == users_steps[-1]
     assert extra["funnel/ranks"] == 1 and extra["funnel/rows"] == STEPS
     assert extra["funnel/records"] == STEPS + len(EVAL_STEPS)  # the commit=False logs
     assert extra["funnel/dropped_records"] == extra["funnel/late_records"] == 0
     assert extra["funnel/files"] == 1 and extra["funnel/dropped_files"] == 0  # wandb.save
 
     # Config: the user's keys and values (int keys of id2label as wandb stores them: str).
-    assert (
-        funnel.run.config
-        == plain.run.config
-        == {
-            "lr": 0.05,
-            "optimizer": {"name": "sgd", "momentum": 0.9},
-            "layers": [8, 2],
-            "id2label": {"0": "neg", "1": "pos"},
-            "world_size": 2,
-            "steps": STEPS,
-        }
-    )
+    expected_config = {
+        "lr": 0.05,
+        "optimizer": {"name": "sgd", "momentum": 0.9},
+        "layers": [8, 2],
+        "id2label": {"0": "neg", "1": "pos"},
+        "world_size": 2,
+        "steps": STEPS,
+    }
+    assert funnel.run.config == plain.run.config == expected_config
 
-    # Files: the same names; the same bytes where a file is deterministic (the image, the
-    # saved file, requirements.txt). Not compared by size: config.yaml (_wandb's metrics
-    # differ, above, and its metadata's paths and times), wandb-summary.json (the funnel's
-    # keys), wandb-history.jsonl (global_step, clocks), wandb-metadata.json (above),
-    # output.log (below).
-    names = set(plain.run.files)
-    (image,) = [n for n in names if n.startswith("media/")]
-    assert image == last["samples"]["path"] and plain.run.files[image] == last["samples"]["size"]
-    assert names == {*RUN_FILES, "notes.json", image}
-    assert set(funnel.run.files) == names
-    for name in ("notes.json", image, "requirements.txt"):
+    # Files: the same names (the image's step aside: above); the same bytes where a file is
+    # deterministic (the image, the saved file, requirements.txt). Not compared by size:
+    # config.yaml (_wandb's metrics differ, above; its metadata's paths and times),
+    # wandb-summary.json (the funnel's keys), wandb-history.jsonl (global_step, clocks),
+    # wandb-metadata.json (above), output.log (below).
+    image, f_image = last["samples"]["path"], f_last["samples"]["path"]
+    assert set(plain.run.files) == {*RUN_FILES, "notes.json", image}
+    assert set(funnel.run.files) == {*RUN_FILES, "notes.json", f_image}
+    assert plain.run.files[image] == last["samples"]["size"]
+    assert funnel.run.read(f_image) == plain.run.read(image)
+    for name in ("notes.json", "requirements.txt"):
         assert funnel.run.read(name) == plain.run.read(name), name
     assert json.loads(plain.run.read("notes.json")) == {"steps": STEPS, "world": 2}
 

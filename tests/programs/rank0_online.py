@@ -4,7 +4,10 @@ of the funnel's: tests/online/test_parity_online.py runs it under torchrun as it
 under ``wandb-funnel run -- torchrun ...``, online against OpenWandb, and compares what the
 server holds.
 
-    torchrun --standalone --nproc-per-node 2 rank0_online.py [--steps N]
+    torchrun --standalone --nproc-per-node 2 rank0_online.py [--steps N] [--stride K]
+
+``--stride K``: every ``log`` passes ``step=K * step`` (as accelerate's tracker passes its
+``step``); without it (0), no ``log`` passes ``step=`` (as nanoGPT and HF's Trainer log).
 
 The project comes from ``WANDB_PROJECT`` (the test's), as a user's environment gives it.
 Every value it logs is deterministic (seeded data, gloo on CPU), so two runs log the same
@@ -31,6 +34,7 @@ EVAL_EVERY = 4
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--stride", type=int, default=0)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -70,6 +74,7 @@ def main() -> None:
         optimizer.step()
         if run is None:
             continue
+        at = args.stride * step if args.stride else None  # step=None: wandb's own count
         row: dict[str, object] = {
             "train/loss": loss.detach(),  # a 0-d tensor, as training code logs it
             "train/lr": optimizer.param_groups[0]["lr"],
@@ -81,13 +86,13 @@ def main() -> None:
                     model(torch.ones(4, 8)), torch.tensor([0, 1, 0, 1])
                 ).item()
             best = min(best, val)
-            wandb.log({"val/loss": val}, commit=False)  # merges into the train row below
+            wandb.log({"val/loss": val}, step=at, commit=False)  # merges into the row below
         if step == args.steps - 1:
             weights = model.module.weight.detach().numpy()
             pixels = (np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3) * 3) % 251
             row["samples"] = wandb.Image(pixels, caption="the last batch")
             row["weights"] = wandb.Histogram(weights.ravel(), num_bins=8)
-        wandb.log(row)
+        wandb.log(row, step=at)
         print(f"step {step} loss {loss.item():.4f}", flush=True)
 
     if run is not None:
