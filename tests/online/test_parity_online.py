@@ -5,8 +5,9 @@ history rows, the summary, the config, the run's name, tags and notes, and the f
 
 - ``test_a_rank0_script_online_is_plain_wandbs_run_on_the_server``: a DDP script under
   torchrun where only rank 0 calls wandb (``tests/programs/rank0_online.py``: ``init``,
-  ``config.update``, ``define_metric``, step-less ``log`` with ``commit=False``, 0-d tensors,
-  an image and a histogram, ``summary``, ``save``, ``finish``).
+  ``config.update``, ``define_metric``, ``log`` with ``commit=False``, 0-d tensors, an image
+  and a histogram, ``summary``, ``save``, ``finish``); its ``log`` calls without ``step=``
+  (nanoGPT, HF) and with ``step=`` (accelerate).
 - ``test_hf_trainer_online_through_the_funnel_is_plain_wandbs_run``: HF ``Trainer`` with
   ``report_to=["wandb"]`` under torchrun (``tests/programs/client_hf.py``: a tiny BERT built
   from a config, nothing downloaded), which logs from rank 0 only.
@@ -39,17 +40,18 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 FUNNEL_RUN = [sys.executable, "-m", "wandb_funnel", "run", "--"]
 JOB_TIMEOUT = 240.0
 
-# Keys of every history row that wandb-core writes itself, whose values are clocks:
-# ``_timestamp`` is the wall time at which the row was logged INTO WANDB, and ``_runtime``
-# wandb-core's clock since the run's wandb.init reached it. Through the funnel both are the
-# logger's: the row's time is when the logger wrote it (rows logged while the run opens in
-# the background, 2-5 s online, and while the logger waits for ranks that never call wandb
-# (reorder_window, 2 s, once) share the time the logger caught up), and the runtime starts at
-# the logger's wandb.init (README, "Known limits"). Neither can be equal across two runs;
-# they are checked for presence and order only.
+# Keys of every history row whose values are clocks: ``_timestamp``, the wall time of the
+# ``run.log`` call that handed the row to wandb (wandb's SDK stamps it unless the row has
+# one), and ``_runtime``, wandb-core's clock since the run's wandb.init reached it. Through
+# the funnel that call and that init are the logger's: a row's ``_timestamp`` is when the
+# logger wrote it, not when the rank logged it (rows logged while the run opens in the
+# background, 2-5 s online, or while the logger waits once for ranks that never call wandb,
+# reorder_window, share the time the logger caught up), and ``_runtime`` starts at the
+# logger's wandb.init (README, "Known limits"). Neither can be equal across two runs; they
+# are checked for presence and order only.
 CLOCKS = ("_timestamp", "_runtime")
-# The funnel's own key in every row (its x-axis: the ranks' step, here wandb's _step) and in
-# the summary, and its accounting in the summary: by design, asserted separately.
+# The funnel's own key in every row (its x-axis: the ranks' step) and in the summary, and its
+# accounting in the summary: by design, asserted separately.
 STEP_KEY = "global_step"
 FUNNEL_PREFIX = "funnel/"
 # The files OpenWandb holds for any run of these jobs (besides media and saved files).
@@ -137,7 +139,7 @@ def run_job(
 def users(data: dict[str, Any]) -> dict[str, Any]:
     """A row or summary without wandb's clocks and bookkeeping (``_runtime``,
     ``_timestamp``, ``_wandb``) and the funnel's additions (``global_step``, ``funnel/*``);
-    ``_step`` is kept: it is the chart's default x-axis, and equal by design here."""
+    ``_step`` is kept: it is equal wherever the script logs without ``step=``."""
     return {
         k: v
         for k, v in data.items()
