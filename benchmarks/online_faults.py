@@ -251,6 +251,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
     def cell(r: dict[str, Any] | None) -> str:
         if r is None:
             return "-"
+        if r.get("run_id") is None:
+            return f"exit {r['exit']} in {r['wall_s']} s; no run"
         rows = r.get("server_rows")
         after = r.get("server_rows_after_sync")
         synced = f"; after `wandb sync`: {after}/{ROWS}" if after is not None else ""
