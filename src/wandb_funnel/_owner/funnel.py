@@ -185,8 +185,13 @@ class Funnel:
     def start(self) -> Funnel:
         """Start wandb-core and the logger, wait until the run is open, export the address.
 
+        An online run (with ``on_network_error="offline"``, the default) opens in the
+        background instead: this returns once the logger listens, and a server that does not
+        answer within ``start_timeout`` gets the run recorded offline (``sinks/wandb/network``).
+
         Raises:
-            LoggerStartError: the logger did not open its run within ``start_timeout``.
+            LoggerStartError: the logger did not open its run within ``start_timeout`` (or,
+                online with ``on_network_error="raise"``, W&B did not answer: URL and error).
         """
         if self._logger is not None:
             raise RuntimeError("wandb_funnel: Funnel.start() called twice")
