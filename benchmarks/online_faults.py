@@ -289,18 +289,14 @@ def main() -> None:
                 print(json.dumps(result), flush=True)
     table = markdown(results)
     print(table)
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(
-        json.dumps(
-            {
-                "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "rows": ROWS,
-                "results": results,
-                "table": table,
-            },
-            indent=1,
-        )
-    )
+    write_results(args.out, {"rows": ROWS, "results": results, "table": table})
+
+
+def write_results(path: str, data: dict[str, Any]) -> None:
+    """``data`` as JSON at ``path``, stamped with when it was measured."""
+    when = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(path).write_text(json.dumps({"when": when, **data}, indent=1))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ are compared only within one invocation (the machine is shared): medians, side b
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import pathlib
 import statistics
@@ -28,7 +27,7 @@ from _common import HERE
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from online_faults import VARIANTS, _kill_tree, _reports  # noqa: E402
+from online_faults import VARIANTS, _kill_tree, _reports, write_results  # noqa: E402
 
 from tests.online.fault_proxy import FaultProxy  # noqa: E402
 from tests.online.openwandb import OpenWandb  # noqa: E402
@@ -95,17 +94,7 @@ def main() -> None:
     ):
         cells = [f"{summary[v][key]:.2f} s" if summary[v][key] else "-" for v in VARIANTS]
         print(f"| {label} | {cells[0]} | {cells[1]} |")
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(
-        json.dumps(
-            {
-                "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "summary": summary,
-                "runs": runs,
-            },
-            indent=1,
-        )
-    )
+    write_results(args.out, {"summary": summary, "runs": runs})
 
 
 if __name__ == "__main__":
