@@ -107,7 +107,9 @@ def test_a_server_that_never_answers_costs_no_rank_any_time_and_no_row(
     recorded offline under its id with every row, and the one message names the URL, the
     error and the command; that command, once the server answers, uploads every row."""
     refused = "http://127.0.0.1:9"  # the discard port: nothing listens on it here
-    result, seen = _ranks(scripts, online, "--start-timeout", "60", env={"WANDB_BASE_URL": refused})
+    # A short close budget: the close waits for the server only within it.
+    args = ["--start-timeout", "60", "--close-timeout", "10"]
+    result, seen = _ranks(scripts, online, *args, env={"WANDB_BASE_URL": refused})
     assert result.returncode == 0, result.stderr[-4000:]
     # The start did not wait for the network: the job ended well within start_timeout.
     assert result.elapsed < 60, result.elapsed
