@@ -283,3 +283,16 @@ def test_an_init_that_fails_after_the_server_answered_falls_back_offline(
     assert own_service == [1]  # before the offline init, not after
     assert sink.kwargs["mode"] == "offline" and "run ID in use" in (error or "")
     assert len(said) == 1 and "wandb sync" in said[0]
+
+
+def test_an_init_that_fails_for_another_reason_than_the_network_raises_it(
+    answering: str,
+) -> None:
+    """A bad argument is not a network error: no offline run would fix it, so it raises, as
+    plain wandb.init would, whatever on_network_error says."""
+
+    def refusing_init(overrides: dict[str, Any]) -> _Sink:
+        raise ValueError("wandb.init: bad argument")
+
+    with pytest.raises(ValueError, match="bad argument"):
+        _open(answering, refusing_init, wait=30.0)

@@ -169,7 +169,7 @@ def _init_online(
     closing, by the time ``closing()`` gives: returns (the sink, "") or (None, why not). A
     call still running past them is abandoned (its thread is a daemon)."""
     done = threading.Event()
-    result: list[Any] = [None, ""]
+    result: list[Any] = [None, None]  # the sink, or the exception init raised
 
     def run() -> None:
         try:
@@ -181,7 +181,7 @@ def _init_online(
                 left = float(own)
             result[0] = init({"settings": {**settings, "init_timeout": left}})
         except Exception as exc:
-            result[1] = f"wandb.init failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+            result[1] = exc
         finally:
             done.set()
 
@@ -192,7 +192,24 @@ def _init_online(
             return None, "the funnel closed while wandb.init was still waiting for W&B"
         if time.monotonic() >= deadline:
             return None, "wandb.init did not return within start_timeout"
-    return result[0], result[1]
+    failed = result[1]
+    if failed is None:
+        return result[0], ""
+    if not _is_network_error(failed):
+        raise failed  # a bad argument, say: no offline run would fix it
+    first_line = (str(failed).splitlines() or [""])[0]
+    return None, f"wandb.init failed: {type(failed).__name__}: {first_line}"
+
+
+def _is_network_error(exc: BaseException) -> bool:
+    """wandb's own "could not talk to the server" (``CommError``, its timeouts), or the OS's."""
+    if isinstance(exc, (OSError, TimeoutError)):
+        return True
+    try:
+        from wandb.errors import CommError
+    except ImportError:
+        return False
+    return isinstance(exc, CommError)
 
 
 def _own_service() -> None:
