@@ -33,6 +33,7 @@ ENV_RUN_INFO: Final = "_WANDB_FUNNEL_RUN_INFO"
 # started with it installs the funnel into ``wandb`` at startup (``_bootstrap/sitecustomize``).
 ENV_INSTALL: Final = "_WANDB_FUNNEL_INSTALL"
 
+ENV_REPLAY: Final = "_WANDB_FUNNEL_REPLAY"  # "records,bytes": a rank's replay buffer bound
 EXPORTED_ENV: Final = (
     ENV_ADDRESS,
     ENV_TOKEN,
@@ -45,6 +46,7 @@ EXPORTED_ENV: Final = (
     ENV_STATS_INTERVAL,
     ENV_CURVE,
     ENV_RUN_INFO,
+    ENV_REPLAY,
 )
 
 # --- defaults -------------------------------------------------------------------------------
@@ -96,19 +98,38 @@ REMOTE_SILENCE: Final = 5.0
 SEND_HWM: Final = 500
 # How long a finishing client waits for its last batches to leave the process.
 FINAL_FLUSH_TIMEOUT: Final = 5.0
+# A rank's replay buffer (records sent but not yet saved in the run's transaction log): the
+# defaults of the options replay_max_records and replay_max_bytes. 65,536 records is 256
+# batches, which fit in ZeroMQ's queue (SEND_HWM) when they are resent.
+DEFAULT_REPLAY_MAX_RECORDS: Final = 65_536
+DEFAULT_REPLAY_MAX_BYTES: Final = 64 * 1024 * 1024
+# The owner starts a new logger at most this many times in LOGGER_RESTART_WINDOW seconds.
+DEFAULT_MAX_LOGGER_RESTARTS: Final = 3
+LOGGER_RESTART_WINDOW: Final = 600.0
+# A closing rank whose logger's pid is gone waits this long (within its exit timeout) for a
+# restarted logger to ask it to resend what was not saved.
+RESTART_WAIT: Final = 3.0
+# A closing rank whose goodbye the logger received waits up to this long for word that its
+# last records are on disk (they are lost if the logger dies before, with the rank gone).
+SAVED_WAIT: Final = 1.0
 # How long Run.rank waits for the logger's WELCOME.
 WELCOME_TIMEOUT: Final = 10.0
 
 # The logger: poll period (also how fast it notices a dead owner or rank).
 LOGGER_TICK: Final = 0.05
-# wandb's transaction log flushes every 15 s by default; a crash then loses up to 15 s.
-TRANSACTION_LOG_FLUSH_INTERVAL: Final = 1
+# wandb's transaction log flushes every 15 s by default; a crash then loses up to 15 s. The
+# logger tells a rank its records are saved only once they are flushed (``_logger/saving``):
+# a short interval keeps the ranks' replay buffers small and their exits quick.
+TRANSACTION_LOG_FLUSH_INTERVAL: Final = 0.2
 
 # Exit codes recorded in the run for each way a job can end.
 EXIT_OK: Final = 0
 EXIT_EXCEPTION: Final = 1
 EXIT_OWNER_LOST: Final = 1  # the owner vanished without closing (killed, or os._exit)
 EXIT_RANK_DIED: Final = 1  # run_mode="new": the run of a rank that died without finishing
+# The logger's own exit when wandb-core died under it: the owner starts a new logger (any
+# exit but after a CLOSE is restarted; this one says why in the logger's exit status).
+EXIT_LOGGER_RESTART: Final = 75  # EX_TEMPFAIL
 EXIT_SIGINT: Final = 130  # 128 + SIGINT, the shell's convention
 EXIT_SIGTERM: Final = 143  # 128 + SIGTERM
 

@@ -18,8 +18,11 @@ from wandb_funnel._constants import (
     DEFAULT_CLOSE_TIMEOUT,
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_PENDING_ROWS,
+    DEFAULT_MAX_LOGGER_RESTARTS,
     DEFAULT_MAX_RECORD_BYTES,
     DEFAULT_REORDER_WINDOW,
+    DEFAULT_REPLAY_MAX_BYTES,
+    DEFAULT_REPLAY_MAX_RECORDS,
     DEFAULT_START_TIMEOUT,
     DEFAULT_STEP_KEY,
     ON_NETWORK_ERROR,
@@ -85,7 +88,14 @@ def _reducers(reduce: Any) -> dict[str, str]:
 
 
 _FLOATS = ("close_timeout", "start_timeout", "reorder_window")
-_INTS = ("max_pending_rows", "max_record_bytes", "max_media_bytes")
+_INTS = (
+    "max_pending_rows",
+    "max_record_bytes",
+    "max_media_bytes",
+    "max_logger_restarts",
+    "replay_max_records",
+    "replay_max_bytes",
+)
 
 
 def parse_option(name: str, text: str) -> Any:
@@ -148,6 +158,13 @@ class FunnelOptions:
             recorded offline under the same id, with the ``wandb sync`` command that uploads
             it said on the terminal) or ``"raise"`` (plain ``wandb.init``'s behaviour: the
             start waits for the run and raises ``LoggerStartError`` naming the URL and error).
+        max_logger_restarts: how many times in 10 minutes the owner starts a new logger when
+            the logger (or its wandb-core) dies; the run continues, and the ranks resend what
+            was not saved. 0: never (the ranks then count what they could not send).
+        replay_max_records, replay_max_bytes: the bound of each rank's replay buffer: records
+            sent and not yet saved in the run's transaction log, resent to a restarted
+            logger. Past it the oldest are forgotten (never waited for); a restart then
+            counts them in ``funnel/dropped_records``.
 
     Raises:
         ValueError: an option of the wrong type or out of range, named.
@@ -156,6 +173,7 @@ class FunnelOptions:
 
     __slots__ = (
         "close_timeout",
+        "max_logger_restarts",
         "max_media_bytes",
         "max_pending_rows",
         "max_record_bytes",
@@ -163,6 +181,8 @@ class FunnelOptions:
         "rank_scope",
         "reduce",
         "reorder_window",
+        "replay_max_bytes",
+        "replay_max_records",
         "run_mode",
         "start_timeout",
         "step_key",
@@ -180,6 +200,9 @@ class FunnelOptions:
     max_media_bytes: int
     rank_scope: str
     on_network_error: str
+    max_logger_restarts: int
+    replay_max_records: int
+    replay_max_bytes: int
 
     def __init__(
         self,
@@ -195,6 +218,9 @@ class FunnelOptions:
         max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES,
         rank_scope: str = "global",
         on_network_error: str = "offline",
+        max_logger_restarts: int = DEFAULT_MAX_LOGGER_RESTARTS,
+        replay_max_records: int = DEFAULT_REPLAY_MAX_RECORDS,
+        replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
     ) -> None:
         self.run_mode = _choice("run_mode", run_mode, RUN_MODES)
         self.reduce = _reducers(reduce)
@@ -209,6 +235,13 @@ class FunnelOptions:
         self.max_media_bytes = _count("max_media_bytes", max_media_bytes)
         self.rank_scope = _choice("rank_scope", rank_scope, RANK_SCOPES)
         self.on_network_error = _choice("on_network_error", on_network_error, ON_NETWORK_ERROR)
+        if type(max_logger_restarts) is not int or max_logger_restarts < 0:
+            raise ValueError(
+                f"wandb_funnel: max_logger_restarts must be an int >= 0, got {max_logger_restarts!r}"
+            )
+        self.max_logger_restarts = max_logger_restarts
+        self.replay_max_records = _count("replay_max_records", replay_max_records)
+        self.replay_max_bytes = _count("replay_max_bytes", replay_max_bytes)
 
     @classmethod
     def split(cls, kwargs: Mapping[str, Any]) -> tuple[FunnelOptions, dict[str, Any]]:

@@ -113,13 +113,17 @@ class Reorderer:
         if self._first_arrival is None:
             self._first_arrival = now
 
-    def add_batch(self, rank: int, records: list[list[Any]], now: float) -> None:
+    def add_batch(self, rank: int, records: list[list[Any]], now: float) -> int:
         """Take ``[step, committed, data]`` records of ``rank``, in the order it logged them
-        (``add`` for each, with the common case inlined: the logger's hot loop)."""
+        (``add`` for each, with the common case inlined: the logger's hot loop). Returns the
+        highest step among them (-1 for none): the batch is written once that step is."""
         rows = self._rows
         floor = self._floors.get(rank, -1)
         tracked = rank not in self._done
+        top = -1
         for step, committed, data in records:
+            if step > top:
+                top = step
             if step <= self._last_released:
                 self.add(rank, step, committed, data, now)
                 floor = self._floors.get(rank, -1)
@@ -137,6 +141,7 @@ class Reorderer:
             else:
                 part.update(data)
             row.records += 1
+        return top
 
     def rank_expected(self, rank: int) -> None:
         """``rank`` belongs to the job but has not attached: it holds rows from the start, so

@@ -23,6 +23,7 @@ from typing import Any
 
 from wandb_funnel._constants import (
     BATCH_BYTES,
+    EXIT_LOGGER_RESTART,
     EXIT_OWNER_LOST,
     EXIT_RANK_DIED,
     EXIT_SIGINT,
@@ -32,6 +33,8 @@ from wandb_funnel._constants import (
     MEDIA_DIR,
     RUN_INFO_FILE,
 )
+from wandb_funnel._logger import continuity
+from wandb_funnel._logger.continuity import Continuation, RunData
 from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._logger.ordering import Reorderer
 from wandb_funnel._logger.receiver import (
@@ -45,8 +48,9 @@ from wandb_funnel._logger.receiver import (
 )
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.run_writer import RunWriter
+from wandb_funnel._logger.saving import SaveTracker
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Done, LoggerStart
+from wandb_funnel._protocol.messages import Done, LoggerStart, UpdateKind
 from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
 from wandb_funnel.sinks import Opening, Sink, open_sink, opens_online
 
@@ -63,6 +67,7 @@ _FINISH_RESERVE = 2.0
 # Once closing, the logger exits by itself this long after its budget, whatever wandb does:
 # nobody else may be left to kill it (the owner may be dead).
 _WATCHDOG_GRACE = 1.0
+_SAVE_PERIOD = 0.2  # seconds between looks at what the transaction log holds
 
 
 def run_exit_code(owner_code: int, rank_codes: list[int]) -> int:
@@ -83,9 +88,22 @@ class Logger:
     """One funnel's writer: routes the receiver's events to writers (one wandb run each)."""
 
     def __init__(
-        self, start: LoggerStart, receiver: Receiver, open_sink: Callable[..., Sink]
+        self,
+        start: LoggerStart,
+        receiver: Receiver,
+        open_sink: Callable[..., Sink],
+        before: Continuation | None = None,
     ) -> None:
         self._options = start.options
+        # What the loggers before this one left (a restart), and what this one leaves.
+        self._before = before or Continuation.empty()
+        self._run_data = RunData(self._before.run_data)
+        # Resent records whose rows the dead logger wrote after its last state: the run's,
+        # and counted here (its state could not count them).
+        self._duplicates = 0
+        self._next_save = 0.0
+        self._supervised = True  # the owner is alive: it restarts a logger that exits
+        self._orphaned = False  # the owner is gone: serve the ranks until they all end
         self._owner_pid = start.owner_pid
         self._close_timeout = start.options.close_timeout
         self._ipc_dir = start.ipc_dir
@@ -114,13 +132,15 @@ class Logger:
         mode = "shared" if options.run_mode == "shared" else "auto"
         staging = os.path.join(self._ipc_dir, MEDIA_DIR) if self._ipc_dir else None
         warn = _warn_once(name)
-        return RunWriter(
+        writer = RunWriter(
             sink,
             Reorderer(options.reorder_window, options.max_pending_rows),
             RowBuilder(mode, options.reduce, options.step_key, warn),
             name,
             MediaFiles(staging, warn),
         )
+        writer.saves = SaveTracker(self._before.saved if name == self._run_id else None)
+        return writer
 
     def _writer_for(self, rank: int) -> RunWriter:
         """The writer rank's records go to (in run_mode="new", its own run, opened now)."""
@@ -167,6 +187,8 @@ class Logger:
             log_to_stderr("every record the ranks send is counted as dropped")
             sink = None
         writer = self._writers[None] = self._new_writer(sink, self._run_id)
+        if sink is not None and self._before.generation:
+            self._continue_run(writer)
         # A launched job's ranks are known before they attach: rows wait for them from
         # the start (within the first window), so ranks that start a little later still
         # merge, and ranks that never call wandb cost that one window, not one a row.
@@ -174,6 +196,27 @@ class Logger:
             writer.order.rank_expected(rank)
         info = self._receiver.run_info = self.run_info()
         _write_json(self._ipc_dir, RUN_INFO_FILE, info)
+
+    def _continue_run(self, writer: RunWriter) -> None:
+        """A restarted logger's run: the config, summary and metric definitions the ranks
+        gave the dead one, then one line in the run's console that says what happened."""
+        data = self._run_data
+        if data.config:
+            writer.update(UpdateKind.CONFIG, dict(data.config))
+        for metric in data.metrics:
+            writer.update(UpdateKind.METRIC, dict(metric))
+        if data.summary:
+            writer.update(UpdateKind.SUMMARY, dict(data.summary))
+        before = self._before
+        line = (
+            f"wandb-funnel: the logger was restarted (restart {before.generation}); the run "
+            f"continues in a new segment; {before.rows} rows are in the earlier ones\n"
+        )
+        if writer.sink is not None:
+            try:
+                writer.sink.output("stderr", line, time.time())
+            except Exception as exc:
+                log_to_stderr(f"could not note the restart in the run's console: {exc!r}")
 
     def watch(self) -> None:
         """Take signals and watch the owner from now on: a close may come while the run is
@@ -235,6 +278,14 @@ class Logger:
                     rows = writer.order.pop_ready(now, window_applies, _ROWS_PER_WAKE)
                     writer.write(rows, self._write_deadline)
                     more_rows |= len(rows) >= _ROWS_PER_WAKE
+                    writer.saves.written(
+                        writer.order.last_released_step, writer.rows, writer.records
+                    )
+            self._note_saved(now)
+            if self._supervised and self._closing is None and self._sink_lost():
+                return EXIT_LOGGER_RESTART
+            if self._orphaned and self._closing is None and not self._receiver.unfinished():
+                self._close.ask(EXIT_OWNER_LOST, None, "owner lost")
             # One close path: the owner's CLOSE, a signal, the owner lost and the receiver's
             # death each ask (close_request.py); the first asked is the close.
             if self._closing is None and (asked := self._close.first()) is not None:
@@ -245,6 +296,18 @@ class Logger:
                 if (not self._active and caught_up) or now >= straggler_deadline:
                     break
         return self._finish()
+
+    def _sink_lost(self) -> bool:
+        """wandb-core died under us: the owner starts a new logger, which opens the run
+        again (a new wandb-core) and takes the ranks' resent records. Saved as it stands."""
+        lost = [w for w in self._writers.values() if w.sink_lost]
+        if not lost or self._per_rank is not None:
+            return False
+        log_to_stderr(
+            "wandb-core is gone; this logger exits and the owner starts a new one that "
+            "continues the run (the ranks resend what was not saved)"
+        )
+        return True
 
     def _take_events(self, wait: float, limit: int) -> bool:
         """Handle up to ``limit`` events (waiting ``wait`` for the first); True when none
@@ -267,12 +330,26 @@ class Logger:
         if isinstance(event, Records):
             now = time.monotonic()
             writer = self._writer_for(event.rank)
-            if self._write_deadline is not None and now >= self._write_deadline:
+            records = event.records
+            if event.replayed and self._before.steps_after_saved and records:
+                # Resent after a restart: rows the dead logger wrote after its last state
+                # are in the run already (their steps were read from its segment).
+                steps = self._before.steps_after_saved
+                kept = [r for r in records if r[0] not in steps]
+                if len(kept) < len(records):
+                    unstated = self._before.steps_after_state
+                    self._duplicates += sum(1 for r in records if r[0] in unstated)
+                    records = kept
+            top: int | None = None
+            if not records:
+                pass
+            elif self._write_deadline is not None and now >= self._write_deadline:
                 # Out of time to write rows: count the backlog instead of ordering it. Ordering
                 # 500k queued records takes seconds, which the summary and finish need.
-                writer.dropped += len(event.records)
+                writer.dropped += len(records)
             else:
-                writer.order.add_batch(event.rank, event.records, now)
+                top = writer.order.add_batch(event.rank, records, now)
+            writer.saves.batch(event.rank, event.end_seq, top, writer.rows)
             self._receiver.taken(len(event.records))
         elif isinstance(event, Attached):
             self._active.add(event.rank)
@@ -284,6 +361,8 @@ class Logger:
             self._ended(event)
         elif isinstance(event, Update):
             late = self._write_deadline is not None and time.monotonic() >= self._write_deadline
+            if self._per_rank is None:
+                self._keep_run_data(event.kind, event.data)
             self._writer_for(event.rank).update(event.kind, event.data, event.rank, late)
 
     def _ended(self, event: Ended) -> None:
@@ -300,6 +379,68 @@ class Logger:
             # not spend on its backlog the time the other runs' summaries need.
             writer.finish(code, stats, 0, self._write_deadline, self._closing_step)
 
+    def _keep_run_data(self, kind: UpdateKind, data: dict[str, Any]) -> None:
+        if kind is UpdateKind.CONFIG:
+            self._run_data.config_update(data)
+        elif kind is UpdateKind.SUMMARY:
+            self._run_data.summary_update(data)
+        elif kind is UpdateKind.METRIC:
+            self._run_data.metric(data)
+
+    # -- what is saved, and what a successor needs ---------------------------------------------
+    def _note_saved(self, now: float) -> None:
+        """Every ``_SAVE_PERIOD``: what the transaction log holds now. Ranks whose records
+        reached it are told (after the state a successor reads is written: a rank never
+        forgets a record that a restarted logger would not know is in the run)."""
+        if now < self._next_save:
+            return
+        self._next_save = now + _SAVE_PERIOD
+        moved: dict[int, int] = {}
+        for writer in self._writers.values():
+            if writer.sink_lost:
+                continue  # rows not on disk yet are lost with wandb-core: never told saved
+            try:
+                rows = writer.sink.saved_rows() if writer.sink is not None else writer.rows
+            except Exception as exc:
+                log_to_stderr(f"{writer.name}: could not read what the run has saved: {exc!r}")
+                continue
+            moved.update(writer.saves.durable(rows))
+            writer.forget_rows_before(writer.saves.unsaved_from())
+        if moved:
+            self._write_state()
+            self._receiver.post_saved(moved)
+        if self._run_data.changed:
+            self._run_data.changed = False
+            continuity.write_json(self._ipc_dir, continuity.RUN_DATA_FILE, self._run_data.to_json())
+
+    def _write_state(self) -> None:
+        writer = self._writers.get(None)
+        if writer is None:
+            return
+        stats = self.stats()
+        segment: dict[str, Any] | None = None
+        if writer.sink is not None:
+            try:
+                segment = writer.sink.segment()
+            except Exception:
+                segment = None
+        continuity.write_json(
+            self._ipc_dir,
+            continuity.STATE_FILE,
+            {
+                "generation": self._before.generation,
+                "saved": {str(k): v for k, v in writer.saves.saved.items()},
+                "ranks": sorted(self._receiver.used_ranks()),
+                "segments": self._before.segments,
+                "segment": segment,
+                "segment_unsaved_from": writer.recent_from,
+                # the dead logger's records: these, plus those in the rows its file holds
+                "records": self._before.records + self._duplicates + writer.records_before_recent,
+                "recent_rows": list(writer.recent_rows),
+                "base": {k: stats[k] for k in continuity.ADDITIVE if k in stats},
+            },
+        )
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM
         self._close.ask(code, _SIGNAL_BUDGET, "signalled")
@@ -309,11 +450,17 @@ class Logger:
         and then nobody else would ever end this process."""
         while os.getppid() == self._owner_pid:
             time.sleep(LOGGER_TICK)
+        self._supervised = False
+        if self._close.first() is not None:
+            return  # closing already: the close has its watchdog
+        # The ranks may live on (spawned workers run after their parent's SIGKILL; torchrun
+        # stops the others on its own): their records are still written, until every rank
+        # has finished or is gone. Then the run ends, with the owner's failure as its code.
         log_to_stderr(
-            f"the owner (pid {self._owner_pid}) is gone without closing; finishing the run"
+            f"the owner (pid {self._owner_pid}) is gone without closing; the run goes on until "
+            f"every rank has finished or died, then ends as failed (exit code {EXIT_OWNER_LOST})"
         )
-        self._close.ask(EXIT_OWNER_LOST, None, "owner lost")
-        self._arm_watchdog(self._close_timeout)
+        self._orphaned = True
 
     def _begin_close(
         self, exit_code: int, budget: float, why: str, since: float | None = None
@@ -393,7 +540,7 @@ class Logger:
         """The whole funnel's accounting (all writers)."""
         rx = self._receiver
         writers = list(self._writers.values())
-        return {
+        out = {
             "funnel/records": sum(c.records for c in writers),
             "funnel/rows": sum(c.rows for c in writers),
             "funnel/late_records": sum(c.order.late_records for c in writers),
@@ -409,6 +556,25 @@ class Logger:
             "funnel/dropped_files": sum(c.media.dropped_files for c in writers),
             "funnel/console_lines": sum(c.console.lines for c in writers),
             "funnel/dropped_console_lines": sum(c.console.dropped for c in writers),
+            "funnel/replayed_records": rx.replayed,
+            "funnel/logger_restarts": self._before.generation,
+        }
+        return self._with_earlier_segments(out)
+
+    def _with_earlier_segments(self, out: dict[str, Any]) -> dict[str, Any]:
+        """The accounting of a run that a restart cut in segments: theirs plus this one's."""
+        for key, value in self._earlier_segments().items():
+            out[key] = out.get(key, 0) + value
+        return out
+
+    def _earlier_segments(self) -> dict[str, int]:
+        before = self._before
+        if not before.generation:
+            return {}
+        return {
+            **before.base,
+            "funnel/records": before.records + self._duplicates,
+            "funnel/rows": before.rows,
         }
 
     def _closing_step(self, step: str) -> None:
@@ -440,6 +606,8 @@ class Logger:
         extra["funnel/exit_reason"] = why
         # Records the receiver dropped belong to the one run, unless there is a run per rank.
         elsewhere = self._receiver.dropped if self._per_rank is None else 0
+        if None in self._writers:
+            self._writers[None].earlier = self._earlier_segments()
         for key, writer in self._writers.items():
             # run_mode="new": a rank still unfinished at close did not finish in time.
             unfinished = key is not None and key in self._active
@@ -515,6 +683,17 @@ def main() -> int:
     could not be opened)."""
     start = LoggerStart.from_json(sys.stdin.buffer.read())
     ready_fd = start.ready_fd
+    # A restart: what the dead logger left (its segment's tail read once it is final).
+    before = continuity.resume(start.ipc_dir, start.generation, start.options.step_key)
+    # wandb-core of its own (not the owner's): the run outlives the owner's death, and a
+    # core that dies with this logger is replaced with it.
+    os.environ.pop("WANDB_SERVICE", None)
+    if before.generation and os.environ.get("WANDB_FUNNEL_DEBUG_RESTART"):
+        steps = sorted(before.steps_after_saved)
+        log_to_stderr(
+            f"DEBUG continuation saved={before.saved} rows={before.rows} records={before.records} "
+            f"steps_after={steps[:3]}..{steps[-3:]} ({len(steps)})"
+        )
     # Until serve() installs its handlers, a stray Ctrl-C must not kill a half-made run.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     max_frame = start.options.max_record_bytes + BATCH_BYTES + 4096
@@ -525,17 +704,25 @@ def main() -> int:
             overrides: dict[str, Any], stats_pid: int | None = None, opening: Opening | None = None
         ) -> Sink:
             # wandb-core samples the process that called wandb.init (the owner), not us.
+            # A restarted logger resumes the run: wandb writes a new segment of it.
+            resume = {"resume": "allow"} if start.generation else {}
             return open_sink(
-                {**start.init_kwargs, **overrides},
+                {**start.init_kwargs, **resume, **overrides},
                 start.options.step_key,
                 start.program,
                 stats_pid or start.owner_pid,
                 log_to_stderr,
                 opening,
+                start.generation,
             )
 
         sock = LoggerSocket(
-            start.address, _PEER_RCV_HWM, max_frame, start.topology.tcp_host, start.curve
+            start.address,
+            _PEER_RCV_HWM,
+            max_frame,
+            start.topology.tcp_host,
+            start.curve,
+            start.tcp_endpoint,
         )
         receiver = Receiver(
             sock,
@@ -544,8 +731,11 @@ def main() -> int:
             _MAX_QUEUED_RECORDS,
             start.topology.first_auto_rank,
             os.path.join(start.ipc_dir, MEDIA_DIR) if start.ipc_dir else None,
+            generation=start.generation,
+            saved=before.saved,
+            used_ranks=before.ranks,
         )
-        logger = Logger(start, receiver, open_run)
+        logger = Logger(start, receiver, open_run, before)
         # An online run opens in the background: the owner's start (and with it every rank's
         # first log) does not wait for the network; records wait in the receiver's queue.
         # Offline, or where a server that does not answer must raise (as plain wandb.init
@@ -576,7 +766,13 @@ def main() -> int:
         if background:
             logger.watch()
             logger.open_run(opening)
-        return logger.serve()
+        code = logger.serve()
+        if code == EXIT_LOGGER_RESTART:
+            # wandb-core is gone: nothing more to finish here. Out at once (wandb's exit
+            # hook would wait on the dead core); the owner starts the next logger.
+            sock.close()
+            os._exit(code)
+        return code
     finally:
         # The receiver has stopped: the socket is ours now, for the owner's DONE.
         if receiver.closer is not None and not receiver.is_alive():

@@ -11,6 +11,7 @@ what they account for would be missing with no count (docs/DESIGN.md, "Two threa
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import sys
@@ -32,6 +33,7 @@ from wandb_funnel._protocol.messages import (
     Hello,
     Record,
     RecordBatch,
+    Saved,
     UpdateKind,
     Welcome,
 )
@@ -48,6 +50,7 @@ _LIVENESS_PERIOD = 0.25  # seconds between checks that ranks still live
 # of frames still queued, and a backlog is not a death.
 _GONE_QUIET = 1.0
 _DROP_REPORT_PERIOD = 5.0  # seconds between log lines about drops with the same cause
+_REHELLO_PERIOD = 0.5  # a stranger's frames get one REHELLO per this many seconds
 
 
 def log_to_stderr(message: str) -> None:
@@ -71,6 +74,8 @@ class Attached:
 class Records:
     rank: int
     records: list[Record]
+    end_seq: int = 0  # one past the batch's last sequence number
+    replayed: bool = False  # resent to this (restarted) logger: the run may have some
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +109,8 @@ class _Peer:
     next_seq: int = 0
     received: int = 0
     ended: bool = False
+    skip_below: int = 0  # resent records below this are in the run already (a restart)
+    replay_until: int = 0  # records below this were resent to this logger
 
 
 class Receiver(threading.Thread):
@@ -118,6 +125,9 @@ class Receiver(threading.Thread):
         first_auto_rank: int = 1,
         staging: str | None = None,
         close_requests: CloseRequests | None = None,
+        generation: int = 0,
+        saved: dict[int, int] | None = None,
+        used_ranks: set[int] | None = None,
     ) -> None:
         super().__init__(name="wandb-funnel-receiver", daemon=True)
         self._sock = sock
@@ -126,7 +136,16 @@ class Receiver(threading.Thread):
         self.blobs = BlobWriter(staging)  # media bytes from ranks on other nodes
         self._host = socket.gethostname()
         self._peers: dict[bytes, _Peer] = {}
-        self._used_ranks: set[int] = set()
+        self._used_ranks: set[int] = set(used_ranks or ())
+        # A restarted logger (generation > 0): every rank's records below saved[rank] are in
+        # the run already; streams it does not know are asked to say hello again.
+        self._generation = generation
+        self._saved_before = dict(saved or {})
+        self._asked: dict[bytes, float] = {}  # strangers asked to say hello again, and when
+        self.stale_frames = 0  # frames of streams the dead logger knew, before their hello
+        self.replayed = 0  # records resent to this logger after a restart
+        self._saved_lock = threading.Lock()
+        self._saved_to_send: dict[int, int] = {}  # rank -> Saved point not yet told
         # Ranks the logger assigns start here: 1 after the owner's 0, or the world size in a
         # launched job, so a DataLoader worker never takes a rank a launcher rank will claim.
         self._next_rank = first_auto_rank
@@ -153,6 +172,22 @@ class Receiver(threading.Thread):
         self.run_info: dict[str, Any] | None = None
 
     # -- the writer's side -------------------------------------------------------------------
+    def post_saved(self, moved: dict[int, int]) -> None:
+        """The writer's news: these ranks' records below these points are on disk. Told to
+        each rank by this thread (the socket is its own)."""
+        with self._saved_lock:
+            self._saved_to_send.update(moved)
+
+    def _send_saved(self) -> None:
+        with self._saved_lock:
+            moved, self._saved_to_send = self._saved_to_send, {}
+        if not moved:
+            return
+        for identity, peer in list(self._peers.items()):
+            seq = moved.get(peer.rank)
+            if seq is not None:  # an ended rank too: it waits a moment for this at exit
+                self._sock.reply(identity, codec.encode_saved(Saved(seq)))
+
     def taken(self, records: int) -> None:
         """The writer consumed ``records`` records: room for that many more."""
         with self._room:
@@ -176,6 +211,10 @@ class Receiver(threading.Thread):
     def received(self) -> int:
         """Records taken in from every stream so far (safe from another thread)."""
         return sum(p.received for p in list(self._peers.values()))
+
+    def used_ranks(self) -> set[int]:
+        """Every rank handed out so far (safe from another thread)."""
+        return set(self._used_ranks)
 
     def unfinished(self) -> list[tuple[int, int]]:
         """(rank, pid) of every stream that has neither said goodbye nor died."""
@@ -205,6 +244,7 @@ class Receiver(threading.Thread):
             if now >= next_report:
                 next_report = now + _DROP_REPORT_PERIOD
                 self._report_drops()
+            self._send_saved()
         self._drain(1_000_000)  # what is already queued, bounded by HWMs
         self._report_drops()
 
@@ -256,8 +296,11 @@ class Receiver(threading.Thread):
                 self.close_requests.ask(message.exit_code, message.budget, "closed by the owner")
             return
         peer = self._peers.get(identity)
-        if peer is None:  # never said hello (or was rejected): junk, counted
-            self.junk_frames += 1
+        if peer is None:
+            if self._generation:
+                self._stranger(identity)
+            else:  # never said hello (or was rejected): junk, counted
+                self.junk_frames += 1
             return
         peer.last_seen = time.monotonic()
         if isinstance(message, RecordBatch):
@@ -277,14 +320,26 @@ class Receiver(threading.Thread):
         else:
             self.junk_frames += 1
 
+    def _stranger(self, identity: bytes) -> None:
+        """A frame from a stream this (restarted) logger does not know: one the dead logger
+        knew. Not junk: it will say hello again, and resend what was not saved."""
+        self.stale_frames += 1
+        now = time.monotonic()
+        if now - self._asked.get(identity, -_REHELLO_PERIOD) >= _REHELLO_PERIOD:
+            self._asked[identity] = now
+            self._sock.reply(identity, codec.REHELLO_FRAME)
+
     def _hello(self, identity: bytes, hello: Hello) -> None:
         if hello.token != self._token:
             self.rejected_peers += 1
             return
         peer = self._peers.get(identity)
+        resume = hello.resume
         if peer is None:
             rank = hello.requested_rank
-            if rank is None or rank in self._used_ranks:
+            # A stream coming back to a restarted logger keeps the rank it had.
+            taken = rank in self._used_ranks and (resume is None or self._rank_live(rank))
+            if rank is None or taken:
                 while self._next_rank in self._used_ranks:
                     self._next_rank += 1
                 rank = self._next_rank
@@ -292,26 +347,65 @@ class Receiver(threading.Thread):
             peer = self._peers[identity] = _Peer(
                 rank, hello.pid, hello.host, hello.pid_start, time.monotonic()
             )
+            self._asked.pop(identity, None)
+            if resume is not None:
+                self._resumed(peer, resume)
             self.events.put(Attached(rank, hello.pid))
-        self._sock.reply(identity, codec.encode_welcome(Welcome(peer.rank, self.run_info)))
+        elif resume is not None:  # asked twice: the second resend repeats the first
+            peer.replay_until = max(peer.replay_until, resume[1])
+        welcome = Welcome(peer.rank, self.run_info, os.getpid())
+        self._sock.reply(identity, codec.encode_welcome(welcome))
+
+    def _rank_live(self, rank: int) -> bool:
+        return any(p.rank == rank and not p.ended for p in self._peers.values())
+
+    def _resumed(self, peer: _Peer, resume: tuple[int, int]) -> None:
+        """A stream the dead logger knew resends ``[first, until)``: records below what the
+        run already has are skipped (received, not written again); records it could no
+        longer resend (its replay buffer was full) are counted as dropped."""
+        first, until = resume
+        saved = self._saved_before.get(peer.rank, 0)
+        peer.next_seq = first
+        peer.skip_below = saved
+        peer.replay_until = until
+        if first > saved:
+            self._drop(
+                first - saved,
+                "a rank's replay buffer was full when the logger was restarted",
+                peer.rank,
+            )
+        # What the run already holds counts as received: the rank's own tally must match.
+        peer.received = min(saved, until)
 
     def _records(
         self, peer: _Peer, first_seq: int, count: int, records: list[Record] | None
     ) -> None:
         """Number a batch of ``count`` records; ``records`` None: skipped for want of room."""
         if first_seq < peer.next_seq:
-            self.junk_frames += 1  # a replay of numbers already seen
-            return
+            if first_seq >= peer.replay_until:
+                self.junk_frames += 1  # a replay of numbers already seen
+            return  # (or a second resend of a batch this logger has: nothing new)
+        end = first_seq + count
+        if peer.skip_below > first_seq:  # resent, and the run has these already
+            skip = min(count, peer.skip_below - first_seq)
+            if records is not None:
+                records = records[skip:]
+            first_seq, count = first_seq + skip, count - skip
+            peer.next_seq = max(peer.next_seq, first_seq)
         if first_seq > peer.next_seq:  # the worker dropped (and counted) these
             self._drop(first_seq - peer.next_seq, "a worker's queue was full", peer.rank)
-        peer.next_seq = first_seq + count
+        peer.next_seq = end
         if not count:
             return  # a heartbeat
         if records is None or not self._reserve(count):
             self._drop(count, "the logger's queue is full: wandb is slower than the workers")
+            self.events.put(Records(peer.rank, [], end))  # its numbers are done with
             return
         peer.received += count
-        self.events.put(Records(peer.rank, records))
+        replayed = first_seq < peer.replay_until
+        if replayed:
+            self.replayed += count
+        self.events.put(Records(peer.rank, records, end, replayed))
 
     def _reserve(self, count: int) -> bool:
         """Take room for ``count`` records; False when the writer is that far behind."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from wandb_funnel._logger.media import MediaFiles, has_media
 from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
+from wandb_funnel._logger.saving import SaveTracker
 from wandb_funnel._protocol.messages import UpdateKind
 from wandb_funnel.sinks import Sink
 
@@ -52,6 +54,17 @@ class RunWriter:
         self._measured: set[int] = set()  # ranks whose process wandb-core samples itself
         # A writer whose run could not be opened is broken from the start.
         self._broken: str | None = None if sink is not None else "the run could not be opened"
+        self.sink_lost = False  # wandb-core went away (an OSError from the sink)
+        self.saves = SaveTracker()  # which ranks' records are on disk (the logger's to read)
+        # The accounting of the run's earlier segments (a restarted logger's run): added to
+        # this segment's in the summary.
+        self.earlier: dict[str, int] = {}
+        # Records per row for the last rows written (from row ``recent_from``), and records in
+        # the rows before: a restarted logger counts the dead one's records from these and
+        # the number of rows its file really holds.
+        self.recent_rows: deque[int] = deque()
+        self.recent_from = 0
+        self.records_before_recent = 0
 
     def write(self, rows: list[Row], deadline: float | None = None) -> None:
         """Write ``rows``; past ``deadline`` (monotonic) the rest are counted, not written."""
@@ -68,9 +81,11 @@ class RunWriter:
                 self.sink.log(self._builder.build(row), self.media if with_media else None)
                 self.records += row.records
                 self.rows += 1
+                self.recent_rows.append(row.records)
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
                 if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
                     self._broken = repr(exc)
+                    self.sink_lost = True
                     log_to_stderr(
                         f"{self.name}: wandb stopped taking rows ({exc!r}); counting the rest"
                     )
@@ -80,6 +95,19 @@ class RunWriter:
             finally:
                 if with_media:
                     self.media.discard(parts)  # what wandb did not move into the run
+
+    def forget_rows_before(self, row: int) -> None:
+        """Per-row counts before ``row`` are no longer needed (nothing unsaved is there)."""
+        recent = self.recent_rows
+        while self.recent_from < row and recent:
+            self.records_before_recent += recent.popleft()
+            self.recent_from += 1
+
+    def records_in_rows(self, rows: int) -> int:
+        """How many records the first ``rows`` rows written hold (``rows`` at or after
+        ``recent_from``: what a dead logger's file holds, for its successor's count)."""
+        take = max(0, rows - self.recent_from)
+        return self.records_before_recent + sum(list(self.recent_rows)[:take])
 
     def rank_attached(self, rank: int, pid: int) -> None:
         """``rank`` (process ``pid``) attached. Once a second rank has, console lines are
@@ -216,6 +244,9 @@ class RunWriter:
             "funnel/late_records": self.order.late_records,
             "funnel/dropped_records": self.dropped + dropped_elsewhere,
         }
+        for key in ("funnel/records", "funnel/rows", "funnel/late_records"):
+            summary[key] += self.earlier.get(key, 0)
+        summary["funnel/dropped_records"] += self.earlier.get("funnel/dropped_records", 0)
         if self.sink is None or self._broken is not None:
             return
         sent = self.summary_sent = self._call("summary", self.sink.update_summary, summary)

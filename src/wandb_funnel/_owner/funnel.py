@@ -16,6 +16,7 @@ from typing import Any
 from wandb_funnel import _current
 from wandb_funnel._constants import (
     DEFAULT_STATS_INTERVAL,
+    ENV_LOGGER_PID,
     EXPORTED_ENV,
     FINAL_STATS,
     MEDIA_DIR,
@@ -23,6 +24,7 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._owner.logger_process import LoggerProcess
+from wandb_funnel._owner.supervisor import Supervisor
 from wandb_funnel._protocol.messages import LoggerStart
 from wandb_funnel._protocol.sockets import (
     client_curve,
@@ -139,6 +141,7 @@ class Funnel:
         )
         self._stats_interval = _stats_interval(settings if isinstance(settings, dict) else {})
         self._logger: LoggerProcess | None = None
+        self._supervisor: Supervisor | None = None
         self._address: str | None = None
         self._ipc_dir: str | None = None
         self._token = os.urandom(16).hex()  # what secrets.token_hex does, without hashlib
@@ -161,7 +164,15 @@ class Funnel:
 
     @property
     def logger_pid(self) -> int | None:
+        """The logger process now (a new one after a restart)."""
+        if self._supervisor is not None:
+            return self._supervisor.logger.pid
         return self._logger.pid if self._logger is not None else None
+
+    @property
+    def logger_restarts(self) -> int:
+        """How many times the logger died and was started again."""
+        return self._supervisor.restarts if self._supervisor is not None else 0
 
     @property
     def address(self) -> str:
@@ -228,6 +239,13 @@ class Funnel:
         self._tcp_address = ready.get("tcp")
         self._run_info = ready.get("run") or None
         self._export_env()
+        # A new logger binds the same endpoints (ranks on other nodes reconnect to the port).
+        self._supervisor = Supervisor(
+            start._replace(tcp_endpoint=self._tcp_address),
+            self._logger,
+            self.options.max_logger_restarts,
+            self._logger_restarted,
+        )
         self._run = Run(
             self.attach_info(), requested_rank=self.topology.owner_rank, on_finish=self._finished
         )
@@ -235,6 +253,11 @@ class Funnel:
         lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
         _current.adopt(self._run)
         return self
+
+    def _logger_restarted(self, logger: LoggerProcess) -> None:
+        """On the supervisor's thread: processes started from now on find the new logger."""
+        if ENV_LOGGER_PID in self._saved_env:
+            os.environ[ENV_LOGGER_PID] = str(logger.pid)
 
     def attach_info(self, address: str | None = None) -> AttachInfo:
         """How a process reaches this funnel (``address`` defaults to the IPC endpoint)."""
@@ -250,6 +273,7 @@ class Funnel:
             self.options.max_media_bytes,
             self._console,
             self._stats_interval,
+            (self.options.replay_max_records, self.options.replay_max_bytes),
         )
 
     def _export_env(self) -> None:
@@ -300,8 +324,12 @@ class Funnel:
             self.exit_code = code
             lifecycle.remove_shutdown_callback(self._close_on_exit)
             deadline = time.monotonic() + self.options.close_timeout
+            logger = self._logger
+            if self._supervisor is not None:
+                # No restart from now on; a restart under way may finish within half the time.
+                logger = self._supervisor.stop(self.options.close_timeout / 2)
             try:
-                self._close_logger(self._logger, code, deadline)
+                self._close_logger(logger, code, deadline)
             finally:
                 stream.close_all("owner closed", max(0.1, deadline - time.monotonic()), code)
                 self._restore_env()

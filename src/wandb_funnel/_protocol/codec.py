@@ -26,6 +26,8 @@ from wandb_funnel._protocol.messages import (
     MEDIA_EXT,
     PROTOCOL_VERSION,
     RECORDS,
+    REHELLO,
+    SAVED,
     WELCOME,
     Ack,
     Blob,
@@ -36,6 +38,8 @@ from wandb_funnel._protocol.messages import (
     MediaRef,
     Message,
     RecordBatch,
+    Rehello,
+    Saved,
     Update,
     UpdateKind,
     Welcome,
@@ -274,6 +278,7 @@ def encode_hello(hello: Hello) -> bytes:
             hello.host,
             hello.requested_rank,
             hello.pid_start,
+            None if hello.resume is None else list(hello.resume),
         )
     )
 
@@ -311,12 +316,19 @@ def encode_close(close: Close) -> bytes:
 
 def encode_welcome(welcome: Welcome) -> bytes:
     return msgpack.packb(  # type: ignore[no-any-return]
-        (PROTOCOL_VERSION, WELCOME, welcome.rank, welcome.run)
+        (PROTOCOL_VERSION, WELCOME, welcome.rank, welcome.run, welcome.logger_pid)
     )
 
 
 def encode_ack(ack: Ack) -> bytes:
     return msgpack.packb((PROTOCOL_VERSION, ACK, ack.received))  # type: ignore[no-any-return]
+
+
+def encode_saved(saved: Saved) -> bytes:
+    return msgpack.packb((PROTOCOL_VERSION, SAVED, saved.seq))  # type: ignore[no-any-return]
+
+
+REHELLO_FRAME: Final[bytes] = msgpack.packb((PROTOCOL_VERSION, REHELLO))
 
 
 def encode_done(done: Done) -> bytes:
@@ -431,12 +443,22 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             return RecordBatch(first_seq, records)
         _want(unpacker.tell() == len(frame), "trailing bytes after the message")
         if kind == HELLO:
-            _want(len(body) == 5, "hello needs 5 fields")
-            token, pid, host, rank, pid_start = body
+            _want(len(body) == 6, "hello needs 6 fields")
+            token, pid, host, rank, pid_start, resume = body
             _want(type(token) is str and _is_int(pid) and type(host) is str, "bad hello fields")
             _want(rank is None or (_is_int(rank) and 0 <= rank <= MAX_STEP), "bad hello rank")
             _want(pid_start is None or _is_int(pid_start), "bad hello start time")
-            return Hello(token, pid, host, rank, pid_start)
+            _want(
+                resume is None
+                or (
+                    type(resume) is list
+                    and len(resume) == 2
+                    and all(_is_int(n) and 0 <= n <= MAX_STEP for n in resume)
+                    and resume[0] <= resume[1]
+                ),
+                "bad hello resume range",
+            )
+            return Hello(token, pid, host, rank, pid_start, None if resume is None else tuple(resume))
         if kind in _UPDATE_KINDS:
             _want(len(body) == 1 and type(body[0]) is dict, "update is not a map")
             _want(all(type(k) is str for k in body[0]), "update has a non-str key")
@@ -459,12 +481,19 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             _want(type(budget) in (int, float) and math.isfinite(budget), "bad close budget")
             return Close(token, code, float(budget))
         if kind == WELCOME:
-            _want(len(body) == 2 and _is_int(body[0]), "bad welcome")
+            _want(len(body) == 3 and _is_int(body[0]), "bad welcome")
             _want(body[1] is None or type(body[1]) is dict, "bad welcome run info")
-            return Welcome(body[0], body[1])
+            _want(body[2] is None or _is_int(body[2]), "bad welcome logger pid")
+            return Welcome(body[0], body[1], body[2])
         if kind == ACK:
             _want(len(body) == 1 and _is_int(body[0]) and body[0] >= 0, "bad ack")
             return Ack(body[0])
+        if kind == SAVED:
+            _want(len(body) == 1 and _is_int(body[0]) and body[0] >= 0, "bad saved")
+            return Saved(body[0])
+        if kind == REHELLO:
+            _want(not body, "bad rehello")
+            return Rehello()
         if kind == DONE:
             _want(len(body) == 1 and type(body[0]) is dict, "bad done")
             return Done(body[0])

@@ -23,6 +23,8 @@ BLOB: Final = 9  # a chunk of a media file, from a rank on another node (no shar
 WELCOME: Final = 16
 DONE: Final = 17
 ACK: Final = 18
+SAVED: Final = 19  # the logger's: a stream's records below a sequence number are safe in the run
+REHELLO: Final = 20  # the logger's: "say hello again" (it restarted and does not know you)
 
 
 # msgpack extension type of a media value inside a record (``wandb.Image``, ``wf.Table``, ...):
@@ -79,6 +81,10 @@ class Hello(NamedTuple):
     host: str
     requested_rank: int | None
     pid_start: int | None = None  # process start time, to tell a reused pid from the original
+    # A stream saying hello again to a restarted logger: ``(first, until)``, the sequence
+    # numbers it resends next (its replay buffer; ``first`` is the oldest it still holds),
+    # None at a stream's first hello.
+    resume: tuple[int, int] | None = None
 
 
 # One ``log()`` call as the logger receives it: ``[step, committed, data]``, exactly as msgpack
@@ -170,6 +176,7 @@ class Welcome(NamedTuple):
 
     rank: int
     run: dict[str, Any] | None = None
+    logger_pid: int | None = None  # the logger process answering (a new one after a restart)
 
 
 class Ack(NamedTuple):
@@ -178,13 +185,27 @@ class Ack(NamedTuple):
     received: int
 
 
+class Saved(NamedTuple):
+    """The logger's word that every record of the stream numbered below ``seq`` is in the
+    run's transaction log (or was counted as dropped): the stream may forget them."""
+
+    seq: int
+
+
+class Rehello(NamedTuple):
+    """The logger's answer to a stream it does not know (it was restarted): say hello again
+    and resend what was not saved."""
+
+
 class Done(NamedTuple):
     """The logger's answer to Close, sent once the run is finished."""
 
     stats: dict[str, Any]
 
 
-Message = Hello | RecordBatch | Update | Blob | Goodbye | Close | Welcome | Done | Ack
+Message = (
+    Hello | RecordBatch | Update | Blob | Goodbye | Close | Welcome | Done | Ack | Saved | Rehello
+)
 
 
 class LoggerStart(NamedTuple):
@@ -203,6 +224,12 @@ class LoggerStart(NamedTuple):
     curve: dict[str, str] | None = None  # the server's CURVE keys, when listening on TCP
     # The owner's program and arguments: the run records the user's script, not the logger.
     program: dict[str, Any] | None = None
+    # How many loggers this funnel started before this one: 0 at the start, then one more at
+    # each restart (``_owner/supervisor.py``); a restarted logger continues the same run.
+    generation: int = 0
+    # The TCP endpoint the first logger bound (a restarted one binds the same: ranks on
+    # other nodes reconnect to it).
+    tcp_endpoint: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -229,6 +256,8 @@ class LoggerStart(NamedTuple):
                 init_kwargs=dict(data["init_kwargs"]),
                 curve=data["curve"],
                 program=data.get("program"),
+                generation=int(data.get("generation", 0)),
+                tcp_endpoint=data.get("tcp_endpoint"),
             )
             _ = start.run_id
         except (KeyError, TypeError, ValueError) as exc:

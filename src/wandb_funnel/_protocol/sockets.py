@@ -259,6 +259,7 @@ class LoggerSocket:
         max_frame_bytes: int,
         tcp_host: str | None = None,
         curve: dict[str, str] | None = None,
+        tcp_endpoint: str | None = None,
     ) -> None:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -281,8 +282,13 @@ class LoggerSocket:
             self._sock.curve_publickey = curve["server_public"].encode()
         self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
         try:
+            # A restarted logger binds the dead one's endpoints: the ranks' sockets reconnect
+            # by themselves (ZeroMQ replaces a Unix socket file left behind).
             self._sock.bind(endpoint)
-            if tcp_host is not None:
+            if tcp_endpoint is not None:
+                self._sock.bind(tcp_endpoint)
+                self.tcp_endpoint = tcp_endpoint
+            elif tcp_host is not None:
                 port = self._sock.bind_to_random_port(f"tcp://{tcp_host}")
                 self.tcp_endpoint = f"tcp://{tcp_host}:{port}"
         except zmq.ZMQError as exc:

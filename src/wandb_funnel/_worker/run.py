@@ -16,6 +16,8 @@ from wandb_funnel import _pid
 from wandb_funnel._constants import (
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_RECORD_BYTES,
+    DEFAULT_REPLAY_MAX_BYTES,
+    DEFAULT_REPLAY_MAX_RECORDS,
     DEFAULT_STATS_INTERVAL,
     ENV_ADDRESS,
     ENV_CONSOLE,
@@ -24,6 +26,7 @@ from wandb_funnel._constants import (
     ENV_LOGGER_PID,
     ENV_MAX_MEDIA_BYTES,
     ENV_MAX_RECORD_BYTES,
+    ENV_REPLAY,
     ENV_RUN_ID,
     ENV_RUN_INFO,
     ENV_STATS_INTERVAL,
@@ -56,6 +59,13 @@ def _float(text: str | None, default: float) -> float:
         return default
 
 
+def _replay(text: str | None) -> tuple[int, int]:
+    records, _, size = (text or "").partition(",")
+    if records.isdigit() and size.isdigit() and int(records) and int(size):
+        return int(records), int(size)
+    return DEFAULT_REPLAY_MAX_RECORDS, DEFAULT_REPLAY_MAX_BYTES
+
+
 class AttachInfo(NamedTuple):
     """Everything a process needs to reach a funnel; what a pickled Run carries."""
 
@@ -70,6 +80,8 @@ class AttachInfo(NamedTuple):
     max_media_bytes: int = DEFAULT_MAX_MEDIA_BYTES
     console: bool = True  # copy this process's stdout/stderr to the run (console != "off")
     stats_interval: float = DEFAULT_STATS_INTERVAL  # system metrics every so many seconds
+    # A rank's replay buffer bound (records, bytes): see FunnelOptions.replay_max_records
+    replay: tuple[int, int] = (DEFAULT_REPLAY_MAX_RECORDS, DEFAULT_REPLAY_MAX_BYTES)
 
     def to_env(self) -> dict[str, str]:
         """The WANDB_FUNNEL_* variables that let processes started later attach."""
@@ -81,6 +93,7 @@ class AttachInfo(NamedTuple):
             ENV_MAX_MEDIA_BYTES: str(self.max_media_bytes),
             ENV_CONSOLE: "1" if self.console else "0",
             ENV_STATS_INTERVAL: repr(float(self.stats_interval)),
+            ENV_REPLAY: f"{self.replay[0]},{self.replay[1]}",
         }
         if self.logger_pid is not None:
             env[ENV_LOGGER_PID] = str(self.logger_pid)
@@ -114,6 +127,7 @@ class AttachInfo(NamedTuple):
             max_media_bytes=int(environ.get(ENV_MAX_MEDIA_BYTES, DEFAULT_MAX_MEDIA_BYTES)),
             console=environ.get(ENV_CONSOLE, "1") != "0",
             stats_interval=_float(environ.get(ENV_STATS_INTERVAL), DEFAULT_STATS_INTERVAL),
+            replay=_replay(environ.get(ENV_REPLAY)),
         )
 
 
@@ -529,6 +543,7 @@ class Run:
                 self._info.logger_pid,
                 self._info.logger_host,
                 self._info.curve,
+                *self._info.replay,
             )
             if inherited:
                 self._step = 0

@@ -20,18 +20,24 @@ import weakref
 from typing import Any
 
 from wandb_funnel import _pid
+from collections import deque
+
 from wandb_funnel._constants import (
     BATCH_BYTES,
+    DEFAULT_REPLAY_MAX_BYTES,
+    DEFAULT_REPLAY_MAX_RECORDS,
     BATCH_RECORDS,
     EXIT_SIGINT,
     EXIT_SIGTERM,
     FINAL_FLUSH_TIMEOUT,
     FLUSH_INTERVAL,
     HEARTBEAT_INTERVAL,
+    RESTART_WAIT,
+    SAVED_WAIT,
     SEND_HWM,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Ack, Blob, Goodbye, Hello, Welcome
+from wandb_funnel._protocol.messages import Ack, Blob, Goodbye, Hello, Rehello, Saved, Welcome
 from wandb_funnel._protocol.sockets import STREAM_PREFIX, ClientSocket, term_process_context
 from wandb_funnel._worker import console, lifecycle, system
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
@@ -51,6 +57,8 @@ class Stream:
         logger_pid: int | None = None,
         logger_host: str | None = None,
         curve: dict[str, str] | None = None,
+        replay_records: int = DEFAULT_REPLAY_MAX_RECORDS,
+        replay_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
     ) -> None:
         self.pid = os.getpid()
         self.endpoint = endpoint
@@ -62,7 +70,8 @@ class Stream:
         self._buf: list[bytes] = []
         self._buf_bytes = 0
         self._buf_since = 0.0
-        self._inflight: tuple[bytes, int] | None = None  # (frame, records): see _send_batch
+        # (frame, records, first_seq): see _send_batch
+        self._inflight: tuple[bytes, int, int] | None = None
         self._last_sent = time.monotonic()  # for heartbeats: silence means death to a remote logger
         self._seq = 0  # records numbered so far: sent or dropped
         self.dropped = 0
@@ -70,9 +79,22 @@ class Stream:
         self._rank = requested_rank
         self._welcomed = False
         self.closed = False
+        # The replay buffer: batches sent and not yet saved by the logger, oldest first, as
+        # (first_seq, records, frame). After a logger restart they are sent again (the new
+        # logger skips what the run already has). Bounded: past the bound the oldest are
+        # forgotten, and a restart then counts them as dropped.
+        self._replay: deque[tuple[int, int, bytes]] = deque()
+        self._replay_records = 0
+        self._replay_bytes = 0
+        self._replay_max = (replay_records, replay_bytes)
+        self._saved = 0  # the logger saved every record numbered below this
+        self.replays = 0  # how many times this stream resent its buffer to a new logger
+        self._goodbye: bytes | None = None  # sent: said again to a logger that restarted
         self._sock = ClientSocket(endpoint, self._identity, SEND_HWM, curve)
-        hello = Hello(token, self.pid, _HOSTNAME, requested_rank, _pid.pid_start_time(self.pid))
-        self._hello = codec.encode_hello(hello)
+        self._hello_message = Hello(
+            token, self.pid, _HOSTNAME, requested_rank, _pid.pid_start_time(self.pid)
+        )
+        self._hello = codec.encode_hello(self._hello_message)
         self.run_info: dict[str, Any] | None = None  # from a Welcome, once the run is open
         self._sock.try_send(self._hello)  # a fresh queue always has room
         _register(self)
@@ -114,7 +136,7 @@ class Stream:
                 # Allocated before the check (an allocation may run the GC, and a __del__ a
                 # pending handler); from the check on, only stores: no handler runs between.
                 fresh: list[bytes] = []
-                parked = (frame, count)
+                parked = (frame, count, first)
                 if self._buf is not batch or len(batch) != count:
                     continue  # a handler sent these, or logged more, while we encoded them
                 self._buf = fresh
@@ -127,6 +149,7 @@ class Stream:
             self._inflight = None
             if sent:
                 self._last_sent = time.monotonic()
+                self._keep_for_replay(parked[2], parked[1], parked[0])
             else:
                 self.dropped += parked[1]
                 if not self._warned_drop:
@@ -136,6 +159,51 @@ class Stream:
                         f"(queue full or logger gone); dropping and counting them"
                     )
                 timeout = 0.0  # what is left is numbered and counted now, not waited for
+
+    def _keep_for_replay(self, first: int, count: int, frame: bytes) -> None:
+        """Hold a sent batch until the logger says it is saved (caller holds the lock): two
+        appends and a comparison, the cost ``log()`` pays for surviving a logger's death."""
+        if not count:
+            return
+        self._replay.append((first, count, frame))
+        self._replay_records += count
+        self._replay_bytes += len(frame)
+        max_records, max_bytes = self._replay_max
+        while self._replay and (
+            self._replay_records > max_records or self._replay_bytes > max_bytes
+        ):
+            _, old_count, old_frame = self._replay.popleft()
+            self._replay_records -= old_count
+            self._replay_bytes -= len(old_frame)
+
+    def _forget_saved(self, seq: int) -> None:
+        """The logger saved every record below ``seq``: drop those batches (lock held)."""
+        if seq <= self._saved:
+            return
+        self._saved = seq
+        replay = self._replay
+        while replay and replay[0][0] + replay[0][1] <= seq:
+            _, count, frame = replay.popleft()
+            self._replay_records -= count
+            self._replay_bytes -= len(frame)
+
+    def _say_hello_again(self) -> None:
+        """A restarted logger does not know us: say hello with the range we resend, then
+        resend every batch it has not saved, then our goodbye if we said it (lock held).
+        ZeroMQ keeps the order, so the new logger sees them in this order."""
+        first = self._replay[0][0] if self._replay else self._seq
+        if self._inflight is not None:
+            first = min(first, self._inflight[2])
+        hello = self._hello_message._replace(requested_rank=self._rank, resume=(first, self._seq))
+        if not self._sock.send_within(codec.encode_hello(hello), 0.5):
+            return
+        self.replays += 1
+        for _, _, frame in list(self._replay):
+            if not self._sock.send_within(frame, 0.5):
+                break  # what did not fit is a gap the logger counts as dropped
+        self._last_sent = time.monotonic()
+        if self._goodbye is not None:
+            self._sock.send_within(self._goodbye, 0.5)
 
     def send_blob(self, name: str, data: bytes) -> bool:
         """Send a media file's bytes in chunks, ahead of the record that names it (this
@@ -191,6 +259,9 @@ class Stream:
         try:
             if self.closed:
                 return
+            # The logger's word, as it comes: what it saved, or that it restarted.
+            while self._read_reply(0.0) is not None:
+                pass
             if self._buf and now - self._buf_since >= FLUSH_INTERVAL:
                 self._send_batch(0.0)
             elif (
@@ -231,7 +302,20 @@ class Stream:
                 pass
             goodbye = codec.encode_goodbye(Goodbye(self._seq, reason, exit_code))
             said_goodbye = self._sock.send_within(goodbye, left())
+            if said_goodbye:
+                self._goodbye = goodbye
+            if said_goodbye and not alive and self._replay:
+                # Its pid is gone, but the owner may be starting a new one that asks us to
+                # resend what was not saved: wait for that a little (a new logger answers us
+                # with a REHELLO, and then its Ack).
+                alive = True
+                deadline = min(deadline, time.monotonic() + RESTART_WAIT)
             received = self._await_ack(deadline) if said_goodbye and alive else None
+            if received is not None and self._replay:
+                # Received is not yet saved: a logger that dies before wandb-core flushed our
+                # last rows would lose them with us gone. A moment more (bounded) until the
+                # logger says they are on disk.
+                self._await_saved(min(deadline, time.monotonic() + SAVED_WAIT))
             self.closed = True
             # Once the logger confirmed receipt nothing is queued; otherwise a bounded linger
             # lets what is still queued leave (none when the logger is known dead).
@@ -250,8 +334,16 @@ class Stream:
             ack = self._read_reply(min(left, 0.05))
             if isinstance(ack, Ack):
                 return ack.received
-            if ack is None and not self.logger_alive():
+            if ack is None and not self.logger_alive() and not self._replay:
                 return None
+
+    def _await_saved(self, deadline: float) -> None:
+        while self._replay:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._read_reply(min(left, 0.05)) is None and not self.logger_alive():
+                return
 
     def _report_loss(self, alive: bool, received: int | None) -> None:
         who = f"rank {self._rank_text()}"
@@ -309,6 +401,12 @@ class Stream:
             self._welcomed = True
             if message.run is not None:
                 self.run_info = message.run
+            if message.logger_pid is not None:
+                self._logger_pid = message.logger_pid  # a restarted logger is a new process
+        elif isinstance(message, Saved):
+            self._forget_saved(message.seq)
+        elif isinstance(message, Rehello):
+            self._say_hello_again()
         return message
 
     def fetch_run_info(self, timeout: float) -> dict[str, Any] | None:

@@ -87,6 +87,31 @@ class Sink(Protocol):
     def finish(self, exit_code: int) -> None:
         """Finish the run; the caller bounds how long this may take."""
 
+    def saved_rows(self) -> int:
+        """How many of the rows ``log`` wrote are safe on disk now (wandb: history records
+        in the transaction log, which wandb-core flushes every fraction of a second). The
+        logger tells the ranks they may forget records only once their rows are."""
+
+    def segment(self) -> dict[str, Any]:
+        """Where this run's rows are on disk, as plain data: a logger restarted after this
+        one died reads what it left there (``steps_after``)."""
+
+
+def steps_after(segment: dict[str, Any], step_key: str, skip: int) -> tuple[int, list[Any]]:
+    """What a dead logger's run left on disk: (how many rows, the ``step_key`` of each row
+    after the first ``skip``). ``segment`` is that sink's ``Sink.segment()``."""
+    path = str(segment.get("path") or "")
+    if segment.get("kind") == RECORD:
+        from wandb_funnel.sinks.recording import rows_in
+
+        rows = rows_in(path)
+        return len(rows), [row.get(step_key) for row in rows[skip:]]
+    if segment.get("kind") == WANDB and path:
+        from wandb_funnel.sinks.wandb.txlog import Tail, history_steps
+
+        return Tail(path).history_rows(), history_steps(path, step_key, skip)
+    return 0, []
+
 
 def chosen() -> tuple[str, str | None]:
     """The sink ``WANDB_FUNNEL_SINK`` names: (``WANDB``, None), (``NULL``, None) or
@@ -132,12 +157,14 @@ def open_sink(
     stats_pid: int | None,
     say: Callable[[str], None],
     opening: Opening | None = None,
+    segment: int = 0,
 ) -> Sink:
     """Open the run the chosen sink writes (in the logger). ``init_kwargs`` are wandb.init's,
     as plain data; ``program`` the user's (``Backend.program``); ``stats_pid`` the process
     the run's system metrics measure; ``say`` prints a diagnostic. With ``opening``, an online
     run waits for its server as it says (``sinks.wandb.network``): offline under the same id
     when the server does not answer in time, unless ``on_network_error="raise"``.
+    ``segment`` counts the logger restarts before this one (the run is continued).
 
     Raises:
         NetworkUnavailableError: (a ``ConnectionError``) W&B did not answer, and ``opening``
@@ -153,7 +180,7 @@ def open_sink(
         from wandb_funnel.sinks.recording import RecordingSink
 
         assert directory is not None
-        return RecordingSink(directory, init_kwargs)
+        return RecordingSink(directory, init_kwargs, segment)
     from wandb_funnel.sinks.wandb.run import WandbSink  # here: the other sinks never load wandb
 
     if opening is None or not opens_online(init_kwargs):

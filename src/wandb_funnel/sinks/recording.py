@@ -107,13 +107,23 @@ class RecordingSink:
 
     stats_pid: int | None = None  # nothing samples a process here
 
-    def __init__(self, directory: str, init_kwargs: dict[str, Any]) -> None:
+    def __init__(self, directory: str, init_kwargs: dict[str, Any], segment: int = 0) -> None:
         self.run_id: str = init_kwargs["id"]
         if not self.run_id or os.path.basename(self.run_id) != self.run_id:
             raise ValueError(f"a run id to record must be a plain name, got {self.run_id!r:.80}")
-        path = os.path.join(directory, f"{self.run_id}.jsonl")
-        self._file: IO[str] = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed at finish)
+        # A restarted logger continues the run in a file of its own, as wandb starts a new
+        # transaction log for a resumed run: ``<id>.jsonl``, then ``<id>.1.jsonl``, ...
+        name = f"{self.run_id}.jsonl" if not segment else f"{self.run_id}.{segment}.jsonl"
+        self.path = os.path.join(directory, name)
+        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed at finish)
+        self._rows = 0
         self._write("init", {k: v for k, v in init_kwargs.items() if k != "settings"})
+
+    def saved_rows(self) -> int:
+        return self._rows  # each line is flushed as it is written
+
+    def segment(self) -> dict[str, Any]:
+        return {"kind": "record", "path": self.path}
 
     def _write(self, kind: str, data: Any) -> None:
         self._file.write(json.dumps({"kind": kind, "data": _plain(data)}) + "\n")
@@ -123,6 +133,7 @@ class RecordingSink:
         if staging is not None:
             row, _ = materialize(row, staging, describe)
         self._write("row", row)
+        self._rows += 1
 
     def files(self, data: dict[str, Any], staging: Staging) -> None:
         """Each file's name in the run and size (the staged copy is removed after this)."""
@@ -166,3 +177,20 @@ class RecordingSink:
     def finish(self, exit_code: int) -> None:
         self._write("finish", {"exit_code": exit_code})
         self._file.close()
+
+
+def rows_in(path: str) -> list[dict[str, Any]]:
+    """The rows a recording holds (whole lines only: its writer may have died mid-line)."""
+    rows: list[dict[str, Any]] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    break
+                if isinstance(entry, dict) and entry.get("kind") == "row":
+                    rows.append(entry.get("data") or {})
+    except OSError:
+        pass
+    return rows

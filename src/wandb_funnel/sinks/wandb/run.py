@@ -11,6 +11,7 @@ from wandb_funnel._constants import ORIGINAL_ATTRIBUTE, TRANSACTION_LOG_FLUSH_IN
 from wandb_funnel.sinks.refs import materialize
 from wandb_funnel.sinks.wandb.media import Maker, log_files
 from wandb_funnel.sinks.wandb.settings import settings_to_dict
+from wandb_funnel.sinks.wandb.txlog import Tail, log_path
 
 if TYPE_CHECKING:
     from wandb_funnel.sinks import Staging
@@ -90,6 +91,8 @@ class WandbSink:
         with _started_at((program or {}).get("start_time")):
             self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)
         self.run_id: str = self.run.id
+        # What wandb-core has flushed to the run's transaction log (``saved_rows``).
+        self._tail = Tail(log_path(self.run.dir, self.run.id))
         self.run.define_metric(step_key)
         self.run.define_metric("*", step_metric=step_key)
         _record_imports(self.run, (program or {}).get("imports"))
@@ -182,6 +185,12 @@ class WandbSink:
 
     def finish(self, exit_code: int) -> None:
         self.run.finish(exit_code=exit_code)
+
+    def saved_rows(self) -> int:
+        return self._tail.history_rows()
+
+    def segment(self) -> dict[str, Any]:
+        return {"kind": "wandb", "path": self._tail.path, "dir": self.run.dir}
 
 
 def _int_or_none(value: Any) -> int | None:

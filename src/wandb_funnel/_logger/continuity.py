@@ -1,0 +1,178 @@
+"""What a logger leaves for the one that replaces it, and what the new one makes of it.
+
+The owner restarts a logger that died (``_owner/supervisor.py``). The new one continues the
+same run (same id, resumed: wandb writes a new transaction log, a *segment*) and must write
+every step exactly once. Two files in the funnel's private directory carry what it needs:
+
+- ``logger-state.json``, rewritten (whole, atomically) each time ranks' records reach the
+  disk, *before* the ranks are told (``Saved``): each rank's saved point, the ranks taken,
+  the segments and the accounting so far. A rank resends everything it was not told is
+  saved; the new logger skips what lies below the saved point (``receiver._resumed``).
+- ``logger-run-data.json``, rewritten when the ranks change the run's config, summary or
+  metric definitions: the new segment gets them again (wandb's offline resume does not).
+
+What the dead logger wrote after its last state (at most a flush interval of rows) is read
+from its segment's file itself: the steps of the rows there past the saved point
+(``sinks.steps_after``); resent records of those steps are in the run already, and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, NamedTuple
+
+STATE_FILE = "logger-state.json"
+RUN_DATA_FILE = "logger-run-data.json"
+# The accounting a segment adds to the one before (the rest is counted afresh, or exact).
+ADDITIVE = (
+    "funnel/dropped_records",
+    "funnel/late_records",
+    "funnel/junk_frames",
+    "funnel/rejected_peers",
+    "funnel/media",
+    "funnel/dropped_media",
+    "funnel/files",
+    "funnel/dropped_files",
+    "funnel/console_lines",
+    "funnel/dropped_console_lines",
+    "funnel/replayed_records",
+)
+_SETTLE = 0.5  # a dead logger's segment is final once it has not grown for this long
+_SETTLE_MAX = 5.0
+
+
+class Continuation(NamedTuple):
+    """What a restarted logger starts from (``empty()`` for the first one)."""
+
+    generation: int
+    saved: dict[int, int]  # rank -> its records below this are in the run
+    ranks: set[int]  # ranks the dead loggers handed out
+    segments: list[dict[str, Any]]  # the run's earlier segments: {"segment", "rows"}
+    base: dict[str, int]  # the accounting of the earlier segments (ADDITIVE keys)
+    rows: int  # rows in the earlier segments (read from their files)
+    records: int  # records in those rows (as far as the last state knew)
+    # The steps of the dead logger's rows from the first that may hold a record it had not
+    # said was saved: a resent record of such a step is in the run already.
+    steps_after_saved: frozenset[Any]
+    # Of those, the steps of rows written after the dead logger's last state: the records
+    # resent for them are counted as the run's (the state could not count them).
+    steps_after_state: frozenset[Any]
+    run_data: dict[str, Any]  # {"config", "summary", "metrics"}
+
+    @classmethod
+    def empty(cls) -> Continuation:
+        return cls(0, {}, set(), [], {}, 0, 0, frozenset(), frozenset(), {})
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_json(ipc_dir: str | None, name: str, data: dict[str, Any]) -> None:
+    """``data`` as ``name`` in the funnel's private directory, whole or not at all."""
+    if not ipc_dir:
+        return
+    path = os.path.join(ipc_dir, name)
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(data, f)
+        os.replace(path + ".tmp", path)
+    except (OSError, TypeError, ValueError):
+        pass
+
+
+def _wait_until_final(segment: dict[str, Any]) -> None:
+    """The dead logger's wandb-core may still be flushing its last rows: wait (bounded)
+    until its file stops growing."""
+    path = segment.get("path")
+    if not isinstance(path, str):
+        return
+    deadline = time.monotonic() + _SETTLE_MAX
+    size, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        try:
+            now_size = os.path.getsize(path)
+        except OSError:
+            return
+        if now_size != size:
+            size, since = now_size, time.monotonic()
+        elif time.monotonic() - since >= _SETTLE:
+            return
+        time.sleep(0.05)
+
+
+def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
+    """What the dead logger (generation ``generation - 1``) left, read now."""
+    if not ipc_dir or generation == 0:
+        return Continuation.empty()
+    from wandb_funnel.sinks import steps_after
+
+    state = _read(os.path.join(ipc_dir, STATE_FILE))
+    run_data = _read(os.path.join(ipc_dir, RUN_DATA_FILE))
+    segments: list[dict[str, Any]] = [
+        s for s in state.get("segments") or [] if isinstance(s, dict)
+    ]
+    current = state.get("segment")
+    steps: frozenset[Any] = frozenset()
+    unstated: frozenset[Any] = frozenset()
+    records = int(state.get("records") or 0)
+    if isinstance(current, dict):
+        _wait_until_final(current)
+        unsaved_from = int(state.get("segment_unsaved_from") or 0)
+        rows, after = steps_after(current, step_key, unsaved_from)
+        steps = frozenset(s for s in after if isinstance(s, (int, float, str)))
+        segments.append({"segment": current, "rows": rows})
+        recent = [int(n) for n in state.get("recent_rows") or []]
+        records += sum(recent[: max(0, rows - unsaved_from)])
+        unstated = frozenset(s for s in after[len(recent) :] if isinstance(s, (int, float, str)))
+    return Continuation(
+        generation=generation,
+        saved={int(k): int(v) for k, v in (state.get("saved") or {}).items()},
+        ranks={int(r) for r in state.get("ranks") or []},
+        segments=segments,
+        base={k: int(v) for k, v in (state.get("base") or {}).items() if k in ADDITIVE},
+        rows=sum(int(s.get("rows") or 0) for s in segments),
+        records=records,
+        steps_after_saved=steps,
+        steps_after_state=unstated,
+        run_data=run_data,
+    )
+
+
+class RunData:
+    """The run's config, summary and metric definitions as the ranks set them: what a
+    restarted logger gives the new segment."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.config: dict[str, Any] = dict(data.get("config") or {})
+        self.summary: dict[str, Any] = dict(data.get("summary") or {})
+        self.metrics: list[dict[str, Any]] = list(data.get("metrics") or [])
+        self.changed = False
+
+    def config_update(self, data: dict[str, Any]) -> None:
+        self.config.update(data)
+        self.changed = True
+
+    def summary_update(self, data: dict[str, Any]) -> None:
+        for key, value in data.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                continue  # a media value: not carried over
+            self.summary[key] = value
+        self.changed = True
+
+    def metric(self, data: dict[str, Any]) -> None:
+        if data not in self.metrics:
+            self.metrics.append(data)
+            self.changed = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config, "summary": self.summary, "metrics": self.metrics}

@@ -1,0 +1,132 @@
+"""The owner keeps a logger running: when it dies before the funnel closes (an OOM kill, a
+segfault, or its wandb-core dying under it), a new one is started and continues the run.
+
+The new logger binds the same endpoints, so every rank's socket reconnects by itself; it
+answers a rank it does not know with REHELLO, and the rank says hello again and resends what
+the dead logger had not saved (``_worker/stream.py``). What the dead one left for it is in
+the funnel's private directory (``_logger/continuity.py``).
+
+Restarts are bounded (``max_logger_restarts`` in ``LOGGER_RESTART_WINDOW``) and backed off:
+a logger that cannot live (a broken install, a disk that is full) is not restarted forever.
+Past the bound the funnel works as it did without a supervisor: ranks count what they could
+not send, and say so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from wandb_funnel._constants import LOGGER_RESTART_WINDOW
+from wandb_funnel._owner.logger_process import LoggerProcess
+from wandb_funnel._protocol.messages import LoggerStart
+
+_POLL = 0.1  # seconds between looks at the logger's pid
+_BACKOFF = (0.0, 1.0, 2.0, 4.0)  # seconds before the 1st, 2nd, 3rd, later restart in a window
+
+
+def _say(message: str) -> None:
+    try:
+        print(f"wandb-funnel: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _how_it_ended(code: int | None) -> str:
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class Supervisor:
+    """Watches the funnel's logger on a thread of the owner; ``stop()`` hands it to close."""
+
+    def __init__(
+        self,
+        start: LoggerStart,
+        logger: LoggerProcess,
+        max_restarts: int,
+        on_restart: Callable[[LoggerProcess], None],
+    ) -> None:
+        self._start = start
+        self.logger = logger
+        self._max = max_restarts
+        self._on_restart = on_restart
+        self._lock = threading.Lock()  # held while a new logger starts; close waits on it
+        self._stopped = threading.Event()
+        self._restarts: deque[float] = deque()  # when each restart in the window began
+        self.restarts = 0
+        self.gave_up = False
+        self._thread: threading.Thread | None = None
+        if max_restarts > 0:
+            self._thread = threading.Thread(
+                target=self._watch, name="wandb-funnel-supervisor", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self, timeout: float) -> LoggerProcess:
+        """No restart from now on (the funnel closes); waits, bounded, for one under way.
+        Returns the logger to close."""
+        self._stopped.set()
+        if self._lock.acquire(timeout=max(0.0, timeout)):
+            self._lock.release()
+        return self.logger
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(_POLL):
+            if self.logger.returncode is None:
+                continue
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                if not self._restart():
+                    return
+
+    def _restart(self) -> bool:
+        """Start a new logger for the dead one (lock held); False once past the bound."""
+        dead = self.logger
+        now = time.monotonic()
+        while self._restarts and now - self._restarts[0] > LOGGER_RESTART_WINDOW:
+            self._restarts.popleft()
+        if len(self._restarts) >= self._max:
+            self.gave_up = True
+            _say(
+                f"the logger (pid {dead.pid}) {_how_it_ended(dead.returncode)}; it died "
+                f"{len(self._restarts) + 1} times in {LOGGER_RESTART_WINDOW / 60:.0f} minutes "
+                f"and is not started again: records the ranks send from now on are lost "
+                f"(each rank counts and reports what it could not send)"
+            )
+            return False
+        backoff = _BACKOFF[min(len(self._restarts), len(_BACKOFF) - 1)]
+        self._restarts.append(now)
+        self.restarts += 1
+        _say(
+            f"the logger (pid {dead.pid}) {_how_it_ended(dead.returncode)} before the run was "
+            f"closed; starting a new one (restart {self.restarts}, at most {self._max} in "
+            f"{LOGGER_RESTART_WINDOW / 60:.0f} minutes): it continues the run, and the ranks "
+            f"resend what was not saved"
+        )
+        if backoff and self._stopped.wait(backoff):
+            return False
+        ready_r, ready_w = os.pipe()
+        start = self._start._replace(ready_fd=ready_w, generation=self.restarts)
+        began = time.monotonic()
+        try:
+            logger, _ = LoggerProcess.spawn(start, ready_r, start.options.start_timeout)
+        except Exception as exc:
+            _say(f"the new logger did not start: {exc}")
+            return True  # the watch sees it dead, and tries again within the bound
+        self.logger = logger
+        self._on_restart(logger)
+        _say(f"a new logger (pid {logger.pid}) took over in {time.monotonic() - began:.1f}s")
+        return True
