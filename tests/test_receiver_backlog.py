@@ -72,7 +72,8 @@ def test_a_stalled_writer_still_gets_every_goodbye_and_counts_every_drop(
         assert isinstance(events[0], Attached)
         ended = [e for e in events if isinstance(e, Ended)]
         assert ended == [Ended(1, gone=False, exit_code=0)]
-        handed = [e for e in events if isinstance(e, Records)]
+        # (A dropped batch is still an event, with no records: its numbers are done with.)
+        handed = [e for e in events if isinstance(e, Records) and e.records]
         queued = sum(len(e.records) for e in handed)
         # Every record is either handed to the writer or counted, by the receiver or the worker.
         assert queued + receiver.dropped == records

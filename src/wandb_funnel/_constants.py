@@ -106,9 +106,6 @@ DEFAULT_REPLAY_MAX_BYTES: Final = 64 * 1024 * 1024
 # The owner starts a new logger at most this many times in LOGGER_RESTART_WINDOW seconds.
 DEFAULT_MAX_LOGGER_RESTARTS: Final = 3
 LOGGER_RESTART_WINDOW: Final = 600.0
-# A closing rank whose logger's pid is gone waits this long (within its exit timeout) for a
-# restarted logger to ask it to resend what was not saved.
-RESTART_WAIT: Final = 3.0
 # A closing rank whose goodbye the logger received waits up to this long for word that its
 # last records are on disk (they are lost if the logger dies before, with the rank gone).
 SAVED_WAIT: Final = 1.0

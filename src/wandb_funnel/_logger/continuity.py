@@ -49,6 +49,7 @@ class Continuation(NamedTuple):
     generation: int
     saved: dict[int, int]  # rank -> its records below this are in the run
     ranks: set[int]  # ranks the dead loggers handed out
+    active: set[int]  # of those, ranks that had not finished: rows wait for them again
     segments: list[dict[str, Any]]  # the run's earlier segments: {"segment", "rows"}
     base: dict[str, int]  # the accounting of the earlier segments (ADDITIVE keys)
     rows: int  # rows in the earlier segments (read from their files)
@@ -63,7 +64,7 @@ class Continuation(NamedTuple):
 
     @classmethod
     def empty(cls) -> Continuation:
-        return cls(0, {}, set(), [], {}, 0, 0, frozenset(), frozenset(), {})
+        return cls(0, {}, set(), set(), [], {}, 0, 0, frozenset(), frozenset(), {})
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -136,6 +137,7 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
         generation=generation,
         saved={int(k): int(v) for k, v in (state.get("saved") or {}).items()},
         ranks={int(r) for r in state.get("ranks") or []},
+        active={int(r) for r in state.get("active") or []},
         segments=segments,
         base={k: int(v) for k, v in (state.get("base") or {}).items() if k in ADDITIVE},
         rows=sum(int(s.get("rows") or 0) for s in segments),

@@ -192,7 +192,7 @@ class Logger:
         # A launched job's ranks are known before they attach: rows wait for them from
         # the start (within the first window), so ranks that start a little later still
         # merge, and ranks that never call wandb cost that one window, not one a row.
-        for rank in self._expected_ranks:
+        for rank in (*self._expected_ranks, *self._before.active):
             writer.order.rank_expected(rank)
         info = self._receiver.run_info = self.run_info()
         _write_json(self._ipc_dir, RUN_INFO_FILE, info)
@@ -208,6 +208,11 @@ class Logger:
         if data.summary:
             writer.update(UpdateKind.SUMMARY, dict(data.summary))
         before = self._before
+        if writer.sink is not None:
+            try:  # the run's own step counter goes on where the dead logger's stopped
+                writer.sink.continue_run(before.rows)
+            except Exception as exc:
+                log_to_stderr(f"could not continue the run's step counter: {exc!r}")
         line = (
             f"wandb-funnel: the logger was restarted (restart {before.generation}); the run "
             f"continues in a new segment; {before.rows} rows are in the earlier ones\n"
@@ -431,6 +436,7 @@ class Logger:
                 "generation": self._before.generation,
                 "saved": {str(k): v for k, v in writer.saves.saved.items()},
                 "ranks": sorted(self._receiver.used_ranks()),
+                "active": sorted(self._active),
                 "segments": self._before.segments,
                 "segment": segment,
                 "segment_unsaved_from": writer.recent_from,
@@ -624,7 +630,32 @@ class Logger:
                 f"funnel/*): {', '.join(losses)}"
             )
         self.final_stats = stats
+        self._say_how_to_sync()
         return exit_code
+
+    def _say_how_to_sync(self) -> None:
+        """A run continued by restarted loggers is in several segments: ``wandb sync`` uploads
+        each with a command of its own, in order (one command for all skips the later ones
+        after a segment cut mid-record: a killed logger's)."""
+        writer = self._writers.get(None)
+        if not self._before.generation or writer is None or writer.sink is None:
+            return
+        try:
+            segments = [s.get("segment") or {} for s in self._before.segments]
+            segments.append(writer.sink.segment())
+        except Exception:
+            return
+        dirs = [os.path.dirname(str(s["path"])) for s in segments if s.get("kind") == "wandb"]
+        if not dirs:
+            return
+        online = not bool((self._receiver.run_info or {}).get("offline", True))
+        flag = "--no-skip-online " if online else ""
+        commands = "\n".join(f"    wandb sync {flag}{d}" for d in dirs)
+        log_to_stderr(
+            f"the run is in {len(dirs)} segments (the logger was restarted "
+            f"{self._before.generation} times); to upload it, sync each in this order, one "
+            f"command each:\n{commands}"
+        )
 
 
 def _warn_once(name: str) -> Callable[[str], None]:
@@ -769,8 +800,8 @@ def main() -> int:
         code = logger.serve()
         if code == EXIT_LOGGER_RESTART:
             # wandb-core is gone: nothing more to finish here. Out at once (wandb's exit
-            # hook would wait on the dead core); the owner starts the next logger.
-            sock.close()
+            # hook would wait on the dead core; the receiver thread still owns the socket);
+            # the owner starts the next logger.
             os._exit(code)
         return code
     finally:

@@ -328,6 +328,8 @@ class Receiver(threading.Thread):
         if now - self._asked.get(identity, -_REHELLO_PERIOD) >= _REHELLO_PERIOD:
             self._asked[identity] = now
             self._sock.reply(identity, codec.REHELLO_FRAME)
+            if os.environ.get("WANDB_FUNNEL_DEBUG_RESTART"):
+                log_to_stderr(f"DEBUG rehello to {identity!r}")
 
     def _hello(self, identity: bytes, hello: Hello) -> None:
         if hello.token != self._token:
@@ -350,6 +352,8 @@ class Receiver(threading.Thread):
             self._asked.pop(identity, None)
             if resume is not None:
                 self._resumed(peer, resume)
+                if os.environ.get("WANDB_FUNNEL_DEBUG_RESTART"):
+                    log_to_stderr(f"DEBUG resumed {identity!r} rank {rank} {resume}")
             self.events.put(Attached(rank, hello.pid))
         elif resume is not None:  # asked twice: the second resend repeats the first
             peer.replay_until = max(peer.replay_until, resume[1])

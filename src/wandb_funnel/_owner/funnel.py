@@ -274,6 +274,7 @@ class Funnel:
             self._console,
             self._stats_interval,
             (self.options.replay_max_records, self.options.replay_max_bytes),
+            self.options.max_logger_restarts > 0,
         )
 
     def _export_env(self) -> None:

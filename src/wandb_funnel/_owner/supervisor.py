@@ -27,7 +27,9 @@ from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
 
 _POLL = 0.1  # seconds between looks at the logger's pid
-_BACKOFF = (0.0, 1.0, 2.0, 4.0)  # seconds before the 1st, 2nd, 3rd, later restart in a window
+# Seconds before the 1st, 2nd, 3rd, later restart in a window (none once the funnel closes:
+# the run then needs a logger to finish it, now).
+_BACKOFF = (0.0, 0.5, 1.0, 2.0)
 
 
 def _say(message: str) -> None:
@@ -63,7 +65,7 @@ class Supervisor:
         self._max = max_restarts
         self._on_restart = on_restart
         self._lock = threading.Lock()  # held while a new logger starts; close waits on it
-        self._stopped = threading.Event()
+        self._stopped = threading.Event()  # the funnel closes: the watch ends
         self._restarts: deque[float] = deque()  # when each restart in the window began
         self.restarts = 0
         self.gave_up = False
@@ -75,10 +77,16 @@ class Supervisor:
             self._thread.start()
 
     def stop(self, timeout: float) -> LoggerProcess:
-        """No restart from now on (the funnel closes); waits, bounded, for one under way.
-        Returns the logger to close."""
+        """The funnel closes: the watch ends. A restart under way goes on (the run needs a
+        logger to finish it), and a logger found dead now is restarted at once, within the
+        bound; waits at most ``timeout`` seconds. Returns the logger to close."""
         self._stopped.set()
-        if self._lock.acquire(timeout=max(0.0, timeout)):
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            return self.logger
+        try:
+            if self._max > 0 and not self.gave_up and self.logger.returncode is not None:
+                self._restart()
+        finally:
             self._lock.release()
         return self.logger
 
@@ -88,7 +96,7 @@ class Supervisor:
                 continue
             with self._lock:
                 if self._stopped.is_set():
-                    return
+                    return  # the close restarts it, if it must
                 if not self._restart():
                     return
 
@@ -116,8 +124,8 @@ class Supervisor:
             f"{LOGGER_RESTART_WINDOW / 60:.0f} minutes): it continues the run, and the ranks "
             f"resend what was not saved"
         )
-        if backoff and self._stopped.wait(backoff):
-            return False
+        if backoff:
+            self._stopped.wait(backoff)  # cut short by a close: it needs the logger now
         ready_r, ready_w = os.pipe()
         start = self._start._replace(ready_fd=ready_w, generation=self.restarts)
         began = time.monotonic()

@@ -61,6 +61,7 @@ def _float(text: str | None, default: float) -> float:
 
 def _replay(text: str | None) -> tuple[int, int]:
     records, _, size = (text or "").partition(",")
+    size = size.partition(",")[0]
     if records.isdigit() and size.isdigit() and int(records) and int(size):
         return int(records), int(size)
     return DEFAULT_REPLAY_MAX_RECORDS, DEFAULT_REPLAY_MAX_BYTES
@@ -82,6 +83,7 @@ class AttachInfo(NamedTuple):
     stats_interval: float = DEFAULT_STATS_INTERVAL  # system metrics every so many seconds
     # A rank's replay buffer bound (records, bytes): see FunnelOptions.replay_max_records
     replay: tuple[int, int] = (DEFAULT_REPLAY_MAX_RECORDS, DEFAULT_REPLAY_MAX_BYTES)
+    restarts: bool = False  # the owner restarts a logger that dies (max_logger_restarts > 0)
 
     def to_env(self) -> dict[str, str]:
         """The WANDB_FUNNEL_* variables that let processes started later attach."""
@@ -93,7 +95,7 @@ class AttachInfo(NamedTuple):
             ENV_MAX_MEDIA_BYTES: str(self.max_media_bytes),
             ENV_CONSOLE: "1" if self.console else "0",
             ENV_STATS_INTERVAL: repr(float(self.stats_interval)),
-            ENV_REPLAY: f"{self.replay[0]},{self.replay[1]}",
+            ENV_REPLAY: f"{self.replay[0]},{self.replay[1]},{int(self.restarts)}",
         }
         if self.logger_pid is not None:
             env[ENV_LOGGER_PID] = str(self.logger_pid)
@@ -128,6 +130,7 @@ class AttachInfo(NamedTuple):
             console=environ.get(ENV_CONSOLE, "1") != "0",
             stats_interval=_float(environ.get(ENV_STATS_INTERVAL), DEFAULT_STATS_INTERVAL),
             replay=_replay(environ.get(ENV_REPLAY)),
+            restarts=environ.get(ENV_REPLAY, "").endswith(",1"),
         )
 
 
@@ -544,6 +547,7 @@ class Run:
                 self._info.logger_host,
                 self._info.curve,
                 *self._info.replay,
+                self._info.restarts,
             )
             if inherited:
                 self._step = 0

@@ -32,7 +32,6 @@ from wandb_funnel._constants import (
     FINAL_FLUSH_TIMEOUT,
     FLUSH_INTERVAL,
     HEARTBEAT_INTERVAL,
-    RESTART_WAIT,
     SAVED_WAIT,
     SEND_HWM,
 )
@@ -59,6 +58,7 @@ class Stream:
         curve: dict[str, str] | None = None,
         replay_records: int = DEFAULT_REPLAY_MAX_RECORDS,
         replay_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
+        restarted: bool = False,
     ) -> None:
         self.pid = os.getpid()
         self.endpoint = endpoint
@@ -87,6 +87,7 @@ class Stream:
         self._replay_records = 0
         self._replay_bytes = 0
         self._replay_max = (replay_records, replay_bytes)
+        self._restarted = restarted  # the owner starts a new logger when this one dies
         self._saved = 0  # the logger saved every record numbered below this
         self.replays = 0  # how many times this stream resent its buffer to a new logger
         self._goodbye: bytes | None = None  # sent: said again to a logger that restarted
@@ -304,13 +305,14 @@ class Stream:
             said_goodbye = self._sock.send_within(goodbye, left())
             if said_goodbye:
                 self._goodbye = goodbye
-            if said_goodbye and not alive and self._replay:
-                # Its pid is gone, but the owner may be starting a new one that asks us to
-                # resend what was not saved: wait for that a little (a new logger answers us
-                # with a REHELLO, and then its Ack).
+            if said_goodbye and not alive and self._replay and self._restarted:
+                # Its pid is gone, but the owner is starting a new one that asks us to resend
+                # what was not saved: wait for that, within our timeout (a new logger answers
+                # us with a REHELLO, and then its Ack).
                 alive = True
-                deadline = min(deadline, time.monotonic() + RESTART_WAIT)
             received = self._await_ack(deadline) if said_goodbye and alive else None
+            if received is None:
+                alive = self.logger_alive()  # no new logger came (past the restart bound)
             if received is not None and self._replay:
                 # Received is not yet saved: a logger that dies before wandb-core flushed our
                 # last rows would lose them with us gone. A moment more (bounded) until the
@@ -334,7 +336,7 @@ class Stream:
             ack = self._read_reply(min(left, 0.05))
             if isinstance(ack, Ack):
                 return ack.received
-            if ack is None and not self.logger_alive() and not self._replay:
+            if ack is None and not self.logger_alive() and not (self._replay and self._restarted):
                 return None
 
     def _await_saved(self, deadline: float) -> None:

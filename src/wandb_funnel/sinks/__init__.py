@@ -92,6 +92,10 @@ class Sink(Protocol):
         in the transaction log, which wandb-core flushes every fraction of a second). The
         logger tells the ranks they may forget records only once their rows are."""
 
+    def continue_run(self, rows: int) -> None:
+        """A restarted logger's run (resumed): its own step counter goes on from ``rows``, the
+        rows in the earlier segments (wandb's ``_step`` restarts at 0 in a resumed segment)."""
+
     def segment(self) -> dict[str, Any]:
         """Where this run's rows are on disk, as plain data: a logger restarted after this
         one died reads what it left there (``steps_after``)."""

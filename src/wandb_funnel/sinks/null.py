@@ -31,6 +31,9 @@ class NullSink:
     def saved_rows(self) -> int:
         return self._rows  # nothing to lose: "saved" as soon as counted
 
+    def continue_run(self, rows: int) -> None:
+        pass
+
     def segment(self) -> dict[str, Any]:
         return {"kind": "null"}
 

@@ -122,6 +122,9 @@ class RecordingSink:
     def saved_rows(self) -> int:
         return self._rows  # each line is flushed as it is written
 
+    def continue_run(self, rows: int) -> None:
+        pass  # rows carry no counter of their own here
+
     def segment(self) -> dict[str, Any]:
         return {"kind": "record", "path": self.path}
 

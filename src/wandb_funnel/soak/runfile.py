@@ -44,6 +44,9 @@ class WandbRun:
     telemetry: dict[str, Any] = field(default_factory=dict)  # the last telemetry (cumulative)
     start_time: float | None = None  # the run record's start, seconds since the epoch
     runtime: int | None = None  # the exit record's (None: absent, as protobuf leaves out 0)
+    # Files one run was written in: more than one when a restarted logger continued it
+    # (a resumed run: wandb writes a new transaction log, a segment, each time).
+    segments: list[pathlib.Path] = field(default_factory=list)
 
     def count_cells(self, pattern: str) -> int:
         """How many history cells have a key matching ``pattern`` (a full-match regex)."""
@@ -174,9 +177,50 @@ def find_runs(wandb_dir: os.PathLike[str] | str) -> list[WandbRun]:
     """Every offline run under ``$WANDB_DIR/wandb`` (the ``latest-run`` link skipped), and
     every recording under ``$WANDB_DIR/funnel-recording``."""
     root = pathlib.Path(wandb_dir)
-    files = sorted((root / "wandb").glob("offline-run-*/run-*.wandb"))
-    recordings = sorted((root / RECORDING_DIR).glob("*.jsonl"))
-    return [read_run(f) for f in files] + [read_recording(f) for f in recordings]
+    files = sorted((root / "wandb").glob("offline-run-*/run-*.wandb"), key=_segment_order)
+    recordings = sorted((root / RECORDING_DIR).glob("*.jsonl"), key=_segment_order)
+    return merge_segments([read_run(f) for f in files] + [read_recording(f) for f in recordings])
+
+
+def _segment_order(path: pathlib.Path) -> tuple[str, int]:
+    """Segments of one run in the order they were written: wandb names a resumed run's
+    directory ``offline-run-<time>-<id>-1``, ``-2``, ...; the recording sink ``<id>.1.jsonl``."""
+    if path.suffix == ".jsonl":
+        stem, _, index = path.name[: -len(".jsonl")].rpartition(".")
+        return (stem, int(index)) if stem and index.isdigit() else (path.name[: -len(".jsonl")], 0)
+    head, _, index = path.parent.name.rpartition("-")
+    if index.isdigit() and head.count("-") >= 3:  # offline-run-<date>_<time>-<id>-<n>
+        return head, int(index)
+    return path.parent.name, 0
+
+
+def merge_segments(runs: list[WandbRun]) -> list[WandbRun]:
+    """One ``WandbRun`` per run id: the segments of a run a restarted logger continued, in
+    the order given, read as wandb sync uploads them (history in order, later summary and
+    config values winning, the last segment's exit record)."""
+    merged: dict[str, WandbRun] = {}
+    out: list[WandbRun] = []
+    for run in runs:
+        first = merged.get(run.run_id) if run.run_id else None
+        if first is None:
+            run.segments = [run.path]
+            merged[run.run_id] = run
+            out.append(run)
+            continue
+        first.segments.append(run.path)
+        first.history.extend(run.history)
+        first.summary.update(run.summary)
+        first.config.update(run.config)
+        first.metrics.extend(run.metrics)
+        first.artifacts.extend(run.artifacts)
+        first.files.extend(run.files)
+        first.output_raw.extend(run.output_raw)
+        first.stats.extend(run.stats)
+        first.tbrecords.extend(run.tbrecords)
+        for kind, count in run.record_types.items():
+            first.record_types[kind] = first.record_types.get(kind, 0) + count
+        first.exit_code, first.runtime = run.exit_code, run.runtime
+    return out
 
 
 def only_run(wandb_dir: os.PathLike[str] | str) -> WandbRun:

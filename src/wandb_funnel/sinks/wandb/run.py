@@ -189,6 +189,12 @@ class WandbSink:
     def saved_rows(self) -> int:
         return self._tail.history_rows()
 
+    def continue_run(self, rows: int) -> None:
+        # An empty, uncommitted row at that step: the next row is logged at it, and _step
+        # runs on from there (offline, and online through wandb sync).
+        if rows:
+            self.run.log({}, step=rows, commit=False)
+
     def segment(self) -> dict[str, Any]:
         return {"kind": "wandb", "path": self._tail.path, "dir": self.run.dir}
 

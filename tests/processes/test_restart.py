@@ -1,0 +1,127 @@
+"""The logger may die; the run may not (issue 26): a SIGKILL of the logger, of its
+wandb-core or of the owner mid-run leaves every step of every worker in the run exactly
+once, under one run id, read back from every segment wandb wrote."""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import MARK_VAR, Scripts, program, reports
+from tests.wandb_reader import WandbRun, find_runs
+
+pytestmark = [pytest.mark.processes]
+RESTART = program("restart")
+STEPS = 600
+
+
+def _every_step_once(run: WandbRun, steps: int = STEPS) -> None:
+    for worker in ("w1", "w2"):
+        seen = collections.Counter(row["global_step"] for row in run.history if worker in row)
+        missing = sorted(set(range(steps)) - set(seen))
+        twice = sorted(step for step, n in seen.items() if n > 1)
+        assert not missing and not twice, f"{worker}: missing {missing[:20]}, twice {twice[:20]}"
+        assert all(row[worker] == row["global_step"] for row in run.history if worker in row)
+    # one row per step: the rows of the two workers merged, as without a restart
+    assert sorted(row["global_step"] for row in run.history) == list(range(steps))
+
+
+def _the_run(scripts: Scripts, info: dict[str, Any]) -> WandbRun:
+    runs = find_runs(scripts.wandb_dir)
+    assert [r.run_id for r in runs] == [info["run_id"]], "one run id, whatever died"
+    return runs[0]
+
+
+@pytest.mark.parametrize("kill", ["logger", "core"])
+def test_a_killed_logger_or_wandb_core_costs_no_step(scripts: Scripts, kill: str) -> None:
+    """SIGKILL to the logger (or its wandb-core) once both workers are past step 150: the
+    owner starts a new logger, which continues the run in a new segment; the workers resend
+    what was not saved; every step is in the run once; the job exits 0."""
+    res = scripts.run_file(RESTART, ["kill-mid-run", "--kill", kill], timeout=120)
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["workers_exit"] == [0, 0]
+    assert info["restarts"] == 1
+    assert "starting a new one (restart 1" in res.stderr
+    run = _the_run(scripts, info)
+    assert len(run.segments) == 2, run.segments
+    _every_step_once(run)
+    assert run.exit_code == 0
+    assert run.summary["funnel/logger_restarts"] == 1
+    assert run.summary["funnel/replayed_records"] > 0
+    assert run.summary["funnel/records"] == 2 * STEPS
+    assert run.summary["funnel/rows"] == STEPS
+    assert run.summary["funnel/dropped_records"] == 0
+    assert info["stats"]["funnel/records"] == 2 * STEPS
+    # wandb's own step counter runs on across the segments, as in one process
+    assert [row["_step"] for row in run.history] == list(range(STEPS))
+    # each segment's own sync command, in order
+    for segment in run.segments:
+        assert f"wandb sync {segment.parent}" in res.stderr
+    # the restart is one line in the run's console
+    assert any("the logger was restarted" in r.get("line", "") for r in run.output_raw)
+    assert not any("may be missing" in line for line in res.stderr.splitlines())
+    assert res.leftovers == []
+
+
+def test_three_logger_deaths_in_one_job(scripts: Scripts) -> None:
+    """The logger is killed three times (each once the workers logged 50 steps with the one
+    before): three restarts, four segments, every step once."""
+    args = ["kill-mid-run", "--kill", "logger", "--times", "3", "--delay", "0.03"]
+    res = scripts.run_file(RESTART, args, 180)
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["restarts"] == 3
+    run = _the_run(scripts, info)
+    assert len(run.segments) == 4, run.segments
+    _every_step_once(run)
+    assert run.summary["funnel/logger_restarts"] == 3
+    assert run.summary["funnel/records"] == 2 * STEPS
+    assert res.leftovers == []
+
+
+def test_past_the_restart_bound_the_funnel_says_so(scripts: Scripts) -> None:
+    """max_logger_restarts=1 and two deaths: one restart, then the funnel stops restarting,
+    says so, and the workers count and report what they could not send; the job still
+    exits 0 and never hangs."""
+    args = ["kill-mid-run", "--kill", "logger", "--times", "2", "--max-restarts", "1"]
+    res = scripts.run_file(RESTART, [*args, "--delay", "0.02"], 120)
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["restarts"] == 1
+    assert "is not started again" in res.stderr
+    run = _the_run(scripts, info)
+    assert len(run.segments) == 2
+    steps = {row["global_step"] for row in run.history}
+    assert set(range(200)) <= steps  # everything saved before the second death
+    assert "records from this rank may be missing" in res.stderr
+    assert res.leftovers == []
+
+
+def test_the_owners_death_leaves_the_workers_steps_and_a_failed_run(scripts: Scripts) -> None:
+    """SIGKILL to the owner while its spawn workers run on: the logger (with a wandb-core of
+    its own) writes every step they log, then ends the run with exit code 1."""
+    proc = scripts.start_file(RESTART, ["kill-mid-run", "--kill", "owner"])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -9, err
+    info = reports(out)
+    assert info["killed"][0][0] == "owner"
+    # The workers and the logger outlive the owner: wait (bounded) until they are done.
+    deadline = time.monotonic() + 60
+    while _alive(scripts):
+        assert time.monotonic() < deadline, "the job did not end after the owner's death"
+        time.sleep(0.2)
+    run = _the_run(scripts, info)
+    _every_step_once(run)
+    assert run.exit_code == 1
+    assert run.summary["funnel/exit_reason"] == "owner lost"
+    assert run.summary["funnel/records"] == 2 * STEPS
+
+
+def _alive(scripts: Scripts) -> bool:
+    from wandb_funnel.soak import jobenv
+
+    return bool(jobenv.marked_processes(scripts.mark, MARK_VAR))

@@ -1,0 +1,113 @@
+"""The owner processes of tests/processes/test_restart.py: a part of the funnel dies mid-run.
+
+    python restart.py kill-mid-run --kill logger|core|owner|none [--times N] [--max-restarts N]
+
+Two spawn workers log ``{"loss", "w<i>"}`` at each of ``--steps`` steps, ``--delay`` apart.
+Once both are past step 150 the owner SIGKILLs the logger, the logger's wandb-core, or
+itself, as an OOM kill would; a later kill waits for the new logger, and 50 more steps. It REPORTs what it killed and, if it
+lives, the funnel's accounting; the test reads every segment of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import signal
+import time
+from typing import Any
+
+from _prelude import Scenarios, option, report
+
+import wandb_funnel as wf
+
+scenario = Scenarios(__doc__)
+
+
+def work(i: int, progress: Any, steps: int, delay: float) -> None:
+    run = wf.init()  # attaches to the owner's funnel (its address is in the environment)
+    for step in range(steps):
+        run.log({"loss": step * 0.1, f"w{i}": step}, step=step)
+        progress[i] = step
+        time.sleep(delay)
+    run.finish()
+
+
+def _children(pid: int) -> list[tuple[int, bytes]]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == pid:
+            out.append((int(entry), cmd))
+    return out
+
+
+def _wandb_core_of(pid: int, timeout: float = 30.0) -> int:
+    """The wandb-core the logger ``pid`` started (its child)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child, cmd in _children(pid):
+            if b"wandb-core" in cmd:
+                return child
+        time.sleep(0.05)
+    raise RuntimeError(f"no wandb-core under the logger {pid}")
+
+
+def _wait(cond: Any, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@scenario(
+    option("--kill", choices=["none", "logger", "core", "owner"], required=True),
+    option("--times", type=int, default=1),
+    option("--steps", type=int, default=600),
+    option("--delay", type=float, default=0.005),
+    option("--max-restarts", type=int, default=3),
+)
+def kill_mid_run(args: argparse.Namespace) -> None:
+    ctx = mp.get_context("spawn")
+    progress = ctx.Array("i", [-1, -1, -1], lock=False)
+    with wf.Funnel(project="restart", max_logger_restarts=args.max_restarts) as funnel:
+        report(run_id=funnel.run_id)
+        workers = [
+            ctx.Process(target=work, args=(i, progress, args.steps, args.delay)) for i in (1, 2)
+        ]
+        for worker in workers:
+            worker.start()
+        killed = []
+        at = 150
+        for k in range(args.times if args.kill != "none" else 0):
+            _wait(lambda at=at: min(progress[1], progress[2]) >= at, f"both workers at {at}")
+            logger = funnel.logger_pid
+            assert logger is not None
+            if args.kill == "owner":
+                report(killed=[("owner", os.getpid())])
+                os.kill(os.getpid(), signal.SIGKILL)
+            target = logger if args.kill == "logger" else _wandb_core_of(logger)
+            os.kill(target, signal.SIGKILL)
+            killed.append((args.kill, target))
+            if k + 1 < args.times:  # the next kill: of the new logger, once the workers
+                # have logged 50 more steps with it up
+                _wait(lambda old=logger: funnel.logger_pid != old, "a new logger")
+                at = max(progress[1], progress[2]) + 50
+        report(killed=killed)
+        for worker in workers:
+            worker.join()
+        report(workers_exit=[w.exitcode for w in workers])
+    report(stats=funnel.stats, restarts=funnel.logger_restarts)
+
+
+if __name__ == "__main__":
+    scenario.main()
