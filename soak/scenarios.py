@@ -26,8 +26,6 @@ from wandb_funnel.soak.scenarios import Fault, Scenario
 PROGRAMS = pathlib.Path(__file__).resolve().parent / "programs"
 
 _KILLED_WORKER = "a SIGKILLed worker loses the records still in its unsent batch"
-_NO_LOGGER = "the logger was killed: rows not yet flushed by wandb-core are lost"
-_NO_CORE = "wandb-core was killed: rows it had not written yet are lost"
 _SIGINT = (130, -2, 1)  # KeyboardInterrupt ends Python by re-raising SIGINT (-2)
 _SIGTERM = (143, -15)
 
@@ -87,22 +85,37 @@ SCENARIOS: list[Scenario] = [
         fault=Fault("kill-worker", ends_training=False),
         may_lose=_KILLED_WORKER,
     ),
-    # The owner's wandb teardown (atexit) then finishes the orphaned run with exit code 0.
+    # The owner starts a new logger, which continues the run; the ranks resend what was not
+    # saved: nothing may be lost (issue 26).
     Scenario(
         "logger-killed",
-        "SIGKILL to the logger mid-run: training goes on",
+        "SIGKILL to the logger mid-run: training goes on, a new logger continues the run",
         "processes.py",
-        run_exit=None,
         fault=Fault("kill-logger", ends_training=False),
-        may_lose=_NO_LOGGER,
+    ),
+    Scenario(
+        "logger-killed-3x",
+        "SIGKILL to the logger three times in one job",
+        "processes.py",
+        ("--steps", "3000"),
+        deadline=180,
+        fault=Fault("kill-logger", delay=(0.5, 2.0), ends_training=False, times=3),
     ),
     Scenario(
         "wandb-core-killed",
-        "SIGKILL to wandb-core mid-run: training goes on",
+        "SIGKILL to the run's wandb-core mid-run: a new logger (and core) continues the run",
         "processes.py",
-        run_exit=None,
         fault=Fault("kill-wandb-core", ends_training=False),
-        may_lose=_NO_CORE,
+    ),
+    Scenario(
+        "torchrun-logger-killed",
+        "torchrun, 4 ranks: SIGKILL to the logger mid-run",
+        "ddp.py",
+        ("--steps", "1500"),
+        torchrun=4,
+        needs=("torch",),
+        deadline=150,
+        fault=Fault("kill-logger", ends_training=False),
     ),
     Scenario(
         "sink-behind",

@@ -43,11 +43,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--raise-rank", type=int, default=-1)
     parser.add_argument("--loader-workers", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=0)  # 0: 100 to 300, at random
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     rng = probe.rng()
-    steps = rng.randint(100, 300)
+    steps = args.steps or rng.randint(100, 300)
     raise_at = rng.randint(1, steps - 1)
     probe.event("worker", slot=rank, rank=rank)
     # A wide window: ranks on a loaded 2-core machine are descheduled for seconds.

@@ -8,6 +8,7 @@ multiprocessing limit that has nothing to do with logging.
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
 
 from _work import train
 
@@ -18,7 +19,9 @@ from wandb_funnel.soak import probe
 def main() -> None:
     rng = probe.rng()
     workers = rng.randint(2, 3)
-    steps = rng.randint(800, 1500)
+    # ``--steps N``: a longer run (a scenario that kills the logger three times needs one)
+    steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 0
+    steps = steps or rng.randint(800, 1500)
     ctx = mp.get_context("spawn")
     with wf.Funnel(project="soak", close_timeout=8):
         procs = [

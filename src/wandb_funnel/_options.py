@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 from wandb_funnel._constants import (
     DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_MAX_LOGGER_RESTARTS,
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_PENDING_ROWS,
-    DEFAULT_MAX_LOGGER_RESTARTS,
     DEFAULT_MAX_RECORD_BYTES,
     DEFAULT_REORDER_WINDOW,
     DEFAULT_REPLAY_MAX_BYTES,
@@ -237,7 +237,8 @@ class FunnelOptions:
         self.on_network_error = _choice("on_network_error", on_network_error, ON_NETWORK_ERROR)
         if type(max_logger_restarts) is not int or max_logger_restarts < 0:
             raise ValueError(
-                f"wandb_funnel: max_logger_restarts must be an int >= 0, got {max_logger_restarts!r}"
+                f"wandb_funnel: max_logger_restarts must be an int >= 0, "
+                f"got {max_logger_restarts!r}"
             )
         self.max_logger_restarts = max_logger_restarts
         self.replay_max_records = _count("replay_max_records", replay_max_records)

@@ -85,9 +85,7 @@ class CapturedRun:
     def from_file(cls, path: str) -> CapturedRun:
         """Read one recording (``<run id>.jsonl``); a last line cut by a killed logger is
         left out."""
-        with open(path, encoding="utf-8") as f:
-            entries = [json.loads(line) for line in f if line.endswith("\n")]
-        return cls(os.path.basename(path).removesuffix(".jsonl"), entries)
+        return cls(*_recording(path))
 
     @property
     def console_text(self) -> str:
@@ -96,6 +94,21 @@ class CapturedRun:
 
     def __repr__(self) -> str:
         return f"CapturedRun(id={self.id!r}, rows={len(self.rows)}, exit_code={self.exit_code})"
+
+
+def _recording(path: str) -> tuple[str, list[dict[str, Any]]]:
+    """A recording's run id and entries (whole lines only). A restarted logger's segment of
+    the run is ``<run id>.<n>.jsonl``: its init entry names the run."""
+    with open(path, encoding="utf-8") as f:
+        entries = [json.loads(line) for line in f if line.endswith("\n")]
+    init: Any = next((e["data"] for e in entries if e.get("kind") == "init"), {})
+    run_id = init.get("id") if isinstance(init, dict) else None
+    return str(run_id or os.path.basename(path).removesuffix(".jsonl")), entries
+
+
+def _segment_index(name: str) -> tuple[str, int]:
+    stem, _, index = name.removesuffix(".jsonl").rpartition(".")
+    return (stem, int(index)) if stem and index.isdigit() else (name.removesuffix(".jsonl"), 0)
 
 
 class RunCapture:
@@ -136,11 +149,13 @@ class RunCapture:
         raise AttributeError(name)
 
     def _read(self, directory: str) -> None:
-        for name in sorted(os.listdir(directory)):
-            if not name.endswith(".jsonl"):
-                continue
-            run = CapturedRun.from_file(os.path.join(directory, name))
-            self.runs[run.id] = run
+        by_run: dict[str, list[dict[str, Any]]] = {}
+        names = [n for n in os.listdir(directory) if n.endswith(".jsonl")]
+        for name in sorted(names, key=_segment_index):  # a run's segments, in order
+            run_id, entries = _recording(os.path.join(directory, name))
+            by_run.setdefault(run_id, []).extend(entries)
+        for run_id, entries in by_run.items():
+            self.runs[run_id] = CapturedRun(run_id, entries)
 
 
 @contextlib.contextmanager

@@ -180,12 +180,26 @@ def test_dead_worker_is_not_waited_for(scripts: Scripts) -> None:
 
 
 def test_logger_death_does_not_fail_training(scripts: Scripts) -> None:
-    """If the logger dies, training goes on, the owner exits with its own status, and a
-    warning says what was lost; nothing hangs."""
+    """If the logger dies, training goes on: the owner starts a new one that continues the
+    run, and the run has every row (tests/processes/test_restart.py: every kind of death)."""
     res = scripts.run_file(LIFECYCLE, ["logger-death-does-not-fail-training"])
     assert res.returncode == 0, res.stderr
     assert reports(res.stdout)["trained"]
+    assert "starting a new one" in res.stderr and "took over" in res.stderr
+    assert [row["x"] for row in only_run(scripts.wandb_dir).history] == list(range(5000))
+    assert res.leftovers == []
+
+
+def test_logger_death_without_restarts_warns_what_was_lost(scripts: Scripts) -> None:
+    """max_logger_restarts=0: training goes on, the owner exits with its own status, and a
+    warning says what was lost; nothing hangs."""
+    res = scripts.run_file(
+        LIFECYCLE, ["logger-death-does-not-fail-training", "--max-restarts", "0"]
+    )
+    assert res.returncode == 0, res.stderr
+    assert reports(res.stdout)["trained"]
     assert "logger" in res.stderr and "exited" in res.stderr
+    assert "starting a new one" not in res.stderr
     assert res.elapsed < 60
     assert res.leftovers == []
 

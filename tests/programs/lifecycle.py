@@ -256,10 +256,10 @@ def dead_worker_is_not_waited_for(args: argparse.Namespace) -> None:
     p.join(5)
 
 
-@scenario()
+@scenario(option("--max-restarts", type=int, default=3))
 def logger_death_does_not_fail_training(args: argparse.Namespace) -> None:
     """The logger is SIGKILLed mid-run; training logs on."""
-    with wf.Funnel(project="t") as funnel:
+    with wf.Funnel(project="t", max_logger_restarts=args.max_restarts) as funnel:
         for s in range(20):
             funnel.log({"x": s})
         os.kill(logger_pid(funnel), signal.SIGKILL)

@@ -4,8 +4,9 @@
 
 Two spawn workers log ``{"loss", "w<i>"}`` at each of ``--steps`` steps, ``--delay`` apart.
 Once both are past step 150 the owner SIGKILLs the logger, the logger's wandb-core, or
-itself, as an OOM kill would; a later kill waits for the new logger, and 50 more steps. It REPORTs what it killed and, if it
-lives, the funnel's accounting; the test reads every segment of the run.
+itself, as an OOM kill would; a later kill waits for the new logger, and 50 more steps.
+It REPORTs what it killed and, if it lives, the funnel's accounting; the test reads every
+segment of the run.
 """
 
 from __future__ import annotations

@@ -77,7 +77,9 @@ def _read(path: str) -> dict[str, Any]:
 
 
 def write_json(ipc_dir: str | None, name: str, data: dict[str, Any]) -> None:
-    """``data`` as ``name`` in the funnel's private directory, whole or not at all."""
+    """``data`` as ``name`` in the funnel's private directory, written whole or not at all:
+    the state and run data here, the run's info (``RUN_INFO_FILE``), or the accounting for
+    an owner whose CLOSE gets no DONE (``FINAL_STATS``). No import: the watchdog calls it."""
     if not ipc_dir:
         return
     path = os.path.join(ipc_dir, name)
@@ -117,9 +119,7 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
 
     state = _read(os.path.join(ipc_dir, STATE_FILE))
     run_data = _read(os.path.join(ipc_dir, RUN_DATA_FILE))
-    segments: list[dict[str, Any]] = [
-        s for s in state.get("segments") or [] if isinstance(s, dict)
-    ]
+    segments: list[dict[str, Any]] = [s for s in state.get("segments") or [] if isinstance(s, dict)]
     current = state.get("segment")
     steps: frozenset[Any] = frozenset()
     unstated: frozenset[Any] = frozenset()

@@ -195,7 +195,7 @@ class Logger:
         for rank in (*self._expected_ranks, *self._before.active):
             writer.order.rank_expected(rank)
         info = self._receiver.run_info = self.run_info()
-        _write_json(self._ipc_dir, RUN_INFO_FILE, info)
+        continuity.write_json(self._ipc_dir, RUN_INFO_FILE, info)
 
     def _continue_run(self, writer: RunWriter) -> None:
         """A restarted logger's run: the config, summary and metric definitions the ranks
@@ -496,7 +496,7 @@ class Logger:
         for writer in list(self._writers.values()):
             log_to_stderr(self._what_is_safe(writer, budget, stats))
         try:
-            _write_json(self._ipc_dir, FINAL_STATS, stats)
+            continuity.write_json(self._ipc_dir, FINAL_STATS, stats)
         finally:
             # The owner reads the accounting from the directory and removes it; with the owner
             # gone, nobody else will.
@@ -684,21 +684,6 @@ _REPORTED = (
 )
 # Counted per run by each writer itself; everything else is the funnel's.
 _PER_WRITER = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
-
-
-def _write_json(ipc_dir: str | None, name: str, data: dict[str, Any]) -> None:
-    """``data`` as ``name`` in the funnel's private directory, written whole or not at all:
-    the run's info (``RUN_INFO_FILE``), or the accounting for an owner whose CLOSE gets no
-    DONE (``FINAL_STATS``)."""
-    if not ipc_dir:
-        return
-    path = os.path.join(ipc_dir, name)
-    try:
-        with open(path + ".tmp", "w") as f:
-            json.dump(data, f)
-        os.replace(path + ".tmp", path)
-    except (OSError, TypeError, ValueError):
-        pass
 
 
 def _write_ready(fd: int, payload: dict[str, Any]) -> None:

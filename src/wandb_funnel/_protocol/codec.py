@@ -458,7 +458,9 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
                 ),
                 "bad hello resume range",
             )
-            return Hello(token, pid, host, rank, pid_start, None if resume is None else tuple(resume))
+            return Hello(
+                token, pid, host, rank, pid_start, None if resume is None else tuple(resume)
+            )
         if kind in _UPDATE_KINDS:
             _want(len(body) == 1 and type(body[0]) is dict, "update is not a map")
             _want(all(type(k) is str for k in body[0]), "update has a non-str key")

@@ -17,16 +17,15 @@ import threading
 import time
 import warnings
 import weakref
+from collections import deque
 from typing import Any
 
 from wandb_funnel import _pid
-from collections import deque
-
 from wandb_funnel._constants import (
     BATCH_BYTES,
+    BATCH_RECORDS,
     DEFAULT_REPLAY_MAX_BYTES,
     DEFAULT_REPLAY_MAX_RECORDS,
-    BATCH_RECORDS,
     EXIT_SIGINT,
     EXIT_SIGTERM,
     FINAL_FLUSH_TIMEOUT,
@@ -350,9 +349,10 @@ class Stream:
     def _report_loss(self, alive: bool, received: int | None) -> None:
         who = f"rank {self._rank_text()}"
         if not alive:
-            if self._seq:
+            unsaved = self._seq - self._saved  # the logger said the rest is in the run
+            if unsaved:
                 _warn(
-                    f"{who}: the logger (pid {self._logger_pid}) is gone; up to {self._seq} "
+                    f"{who}: the logger (pid {self._logger_pid}) is gone; up to {unsaved} "
                     f"records from this rank may be missing from the run"
                 )
         elif received is None:

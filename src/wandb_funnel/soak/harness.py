@@ -83,6 +83,13 @@ class Iteration:
         return {**asdict(self), "ok": self.ok}
 
 
+def _ppid(proc: psutil.Process) -> int | None:
+    try:
+        return int(proc.ppid())
+    except psutil.Error:
+        return None
+
+
 def _role(proc: psutil.Process, owner_pid: int) -> str:
     if proc.pid == owner_pid:
         return "owner"
@@ -214,13 +221,15 @@ class _Fault:
         self.worker_pids: set[int] = set()  # pids that said ``worker`` (never rank 0)
         self.signalled: list[str] = []  # role:pid reached by a job-wide signal (scancel)
         self.killed: list[str] = []  # role:pid reached by the SIGKILL that ends a grace
+        self.injections = 0  # how many times the fault was injected (Fault.times)
+        self.hit: set[int] = set()  # pids a kill fault has killed
 
     def tick(self, ready: bool, probe_used: bool, now: float) -> None:
         for when, action in list(self.later):
             if now >= when:
                 self.later.remove((when, action))
                 action()
-        if self.spec is None or self.done_at is not None:
+        if self.spec is None or self.injections >= self.spec.times:
             return
         if self.spec.needs_probe or probe_used:
             if self.ready_at is None:
@@ -235,7 +244,10 @@ class _Fault:
                 self.delay = self.rng.uniform(*self.spec.delay)
             due = self.started + self.delay
         if now >= due and self._inject(now):
-            self.done_at = time.time()
+            self.injections += 1
+            if self.done_at is None:
+                self.done_at = time.time()
+            self.ready_at, self.delay = now, None  # the next one, if any, after a new delay
 
     def _kill_all(self) -> None:
         self.killed = self.job.signal_all(signal.SIGKILL)
@@ -286,7 +298,13 @@ class _Fault:
             _killpg(self.owner.pid)
 
     def _kill_one(self, role: str) -> bool:
-        candidates = self.job.by_role(role)
+        candidates = [p for p in self.job.by_role(role) if p.pid not in self.hit]
+        if role == "wandb-core":
+            # The run's wandb-core: the logger's own (the owner's, started by wandb.setup()
+            # before any process, holds no run of the funnel's).
+            loggers = {p.pid for p in self.job.by_role("logger")}
+            of_logger = [p for p in candidates if _ppid(p) in loggers]
+            candidates = of_logger or candidates
         if role == "worker":
             announced = [p for p in candidates if p.pid in self.worker_pids]
             # A program that announces no worker (a user's) may lose any of its processes.
@@ -297,9 +315,11 @@ class _Fault:
         if not candidates:
             return False
         try:
-            self.rng.choice(candidates).kill()
+            victim = self.rng.choice(candidates)
+            victim.kill()
         except psutil.Error:
             return False
+        self.hit.add(victim.pid)
         return True
 
     def resume(self) -> None:

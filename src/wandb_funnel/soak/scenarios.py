@@ -54,6 +54,9 @@ class Fault:
     # start, unless the program turns out to use the probe (it wrote an event), in which case
     # the ``ready`` rule applies after all.
     needs_probe: bool = True
+    # How many times the fault is injected in one job: each later one after a new random
+    # delay, and only at a process not hit before (kill-logger: a restarted logger).
+    times: int = 1
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:

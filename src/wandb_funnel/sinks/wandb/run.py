@@ -83,6 +83,7 @@ class WandbSink:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
         kwargs.setdefault("reinit", "create_new")
         self._tensorboard_synced = False
+        self._first_step: int | None = None  # a continued run's first _step (continue_run)
         self._wandb = wandb
         self._make = Maker(wandb)  # wandb's own objects from the ranks' media descriptors
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
@@ -104,6 +105,9 @@ class WandbSink:
         )
 
     def log(self, row: dict[str, Any], staging: Staging | None) -> None:
+        if self._first_step is not None:
+            self.run.log({}, step=self._first_step, commit=False)
+            self._first_step = None
         if staging is None:
             self.run.log(row)
             return
@@ -190,10 +194,10 @@ class WandbSink:
         return self._tail.history_rows()
 
     def continue_run(self, rows: int) -> None:
-        # An empty, uncommitted row at that step: the next row is logged at it, and _step
-        # runs on from there (offline, and online through wandb sync).
-        if rows:
-            self.run.log({}, step=rows, commit=False)
+        # Just before this segment's first row, an empty uncommitted row at that step: the
+        # row is logged at it, and _step runs on from there (offline, and online through
+        # wandb sync). Not now: an open row with nothing after it would be written empty.
+        self._first_step = rows or None
 
     def segment(self) -> dict[str, Any]:
         return {"kind": "wandb", "path": self._tail.path, "dir": self.run.dir}

@@ -151,7 +151,7 @@ def history_steps(path: str, step_key: str, skip: int) -> list[Any]:
         seen += 1
         if seen <= skip:
             continue
-        record = wandb_internal_pb2.Record.FromString(payload)
+        record = wandb_internal_pb2.Record.FromString(payload)  # type: ignore[attr-defined]
         for item in record.history.item:
             key = item.key or "/".join(item.nested_key)
             if key == step_key:
