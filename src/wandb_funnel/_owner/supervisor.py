@@ -69,6 +69,7 @@ class Supervisor:
         self._restarts: deque[float] = deque()  # when each restart in the window began
         self.restarts = 0
         self.gave_up = False
+        self._start_failed: str | None = None  # why the last new logger did not start
         self._thread: threading.Thread | None = None
         if max_restarts > 0:
             self._thread = threading.Thread(
@@ -118,12 +119,15 @@ class Supervisor:
         backoff = _BACKOFF[min(len(self._restarts), len(_BACKOFF) - 1)]
         self._restarts.append(now)
         self.restarts += 1
-        _say(
-            f"the logger (pid {dead.pid}) {_how_it_ended(dead.returncode)} before the run was "
-            f"closed; starting a new one (restart {self.restarts}, at most {self._max} in "
-            f"{LOGGER_RESTART_WINDOW / 60:.0f} minutes): it continues the run, and the ranks "
-            f"resend what was not saved"
-        )
+        limit = f"at most {self._max} in {LOGGER_RESTART_WINDOW / 60:.0f} minutes"
+        if self._start_failed is None:
+            _say(
+                f"the logger (pid {dead.pid}) {_how_it_ended(dead.returncode)} before the run "
+                f"was closed; starting a new one (restart {self.restarts}, {limit}): it "
+                f"continues the run, and the ranks resend what was not saved"
+            )
+        else:
+            _say(f"trying again (restart {self.restarts}, {limit})")
         if backoff:
             self._stopped.wait(backoff)  # cut short by a close: it needs the logger now
         ready_r, ready_w = os.pipe()
@@ -132,8 +136,10 @@ class Supervisor:
         try:
             logger, _ = LoggerProcess.spawn(start, ready_r, start.options.start_timeout)
         except Exception as exc:
+            self._start_failed = str(exc)
             _say(f"the new logger did not start: {exc}")
             return True  # the watch sees it dead, and tries again within the bound
+        self._start_failed = None
         self.logger = logger
         self._on_restart(logger)
         _say(f"a new logger (pid {logger.pid}) took over in {time.monotonic() - began:.1f}s")

@@ -120,6 +120,8 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
         elif kind == "exit":
             run.exit_code = int(rec["exit"].get("exit_code", 0))
             run.runtime = rec["exit"].get("runtime")
+    if not run.run_id:  # a logger killed before wandb flushed the run record: its file says
+        run.run_id = run.path.stem.removeprefix("run-")
     return run
 
 
