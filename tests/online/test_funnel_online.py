@@ -249,3 +249,51 @@ def test_a_server_killed_mid_run_and_back_loses_no_row(online: Online, scripts: 
     assert result.returncode == 0, result.stderr[-4000:]
     server = online.run(seen["run_id"])
     _rows_of_every_rank(server.history)
+
+
+def test_a_run_a_restarted_logger_continued_uploads_every_step_once(
+    online: Online, scripts: Scripts
+) -> None:
+    """Offline, the logger SIGKILLed mid-run (issue 26): the run is in two segments; the
+    commands the logger printed (one ``wandb sync`` per segment, in order) put every step of
+    every worker on the server exactly once, with wandb's ``_step`` running on."""
+    from collections import Counter
+
+    result = scripts.run_file(program("restart"), ["kill-mid-run", "--kill", "logger"], 120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_id = reports(result.stdout)["run_id"]
+    commands = re.findall(r"^\s*(wandb sync .+)$", result.stderr, re.MULTILINE)
+    assert len(commands) == 2, result.stderr[-3000:]
+    for command in commands:
+        _run_sync(command.split(), online, scripts)
+    server = online.server.run("restart", run_id, proxy=online.proxy)
+    for worker in ("w1", "w2"):
+        seen = Counter(row["global_step"] for row in server.history if worker in row)
+        assert sorted(seen) == list(range(600)) and set(seen.values()) == {1}, worker
+    assert sorted(row["_step"] for row in server.history) == list(range(600))
+
+
+@pytest.mark.parametrize("kill", ["logger", "core"])
+def test_online_a_restarted_logger_continues_the_run_on_the_server(
+    online: Online, scripts: Scripts, kill: str
+) -> None:
+    """Online, the logger (or its wandb-core) SIGKILLed mid-run: the new logger resumes the
+    run on the server; what the dead one had not uploaded is in its segment's local file,
+    and the command the logger prints uploads it: then every step of every worker is on the
+    server."""
+    from collections import Counter
+
+    # 40 ms a step: the kill (past step 150) lands once the run is open online
+    args = ["kill-mid-run", "--kill", kill, "--delay", "0.04"]
+    result = scripts.run_file(program("restart"), args, 150, extra_env=online.env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    run_id = reports(result.stdout)["run_id"]
+    commands = re.findall(r"^\s*(wandb sync .+)$", result.stderr, re.MULTILINE)
+    # one per dead logger's segment (the last uploaded itself)
+    assert len(commands) == 1 and "--no-skip-online" in commands[0], result.stderr[-3000:]
+    _run_sync(commands[0].split(), online, scripts)
+    server = online.server.run("restart", run_id, proxy=online.proxy)
+    for worker in ("w1", "w2"):
+        seen = Counter(row["global_step"] for row in server.history if worker in row)
+        assert sorted(seen) == list(range(600)), (worker, sorted(set(range(600)) - set(seen)))
+        assert set(seen.values()) == {1}, worker

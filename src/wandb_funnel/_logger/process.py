@@ -70,6 +70,10 @@ _WATCHDOG_GRACE = 1.0
 _SAVE_PERIOD = 0.2  # seconds between looks at what the transaction log holds
 
 
+class SinkLostError(Exception):
+    """This logger cannot go on (its wandb-core died): the owner starts a new one."""
+
+
 def run_exit_code(owner_code: int, rank_codes: list[int]) -> int:
     """The run's exit code, from the owner's and the failed ranks' (in the order they ended).
 
@@ -117,6 +121,7 @@ class Logger:
             receiver.run_info = {}  # no one run to tell the ranks about
         self._watching = False
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
+        self._ended_ranks: set[int] = set()  # ranks that finished or are gone
         self._failed: dict[int, int] = {}  # rank -> the non-zero exit code it reported
         self._pids: dict[int, int] = {}  # rank -> its process, as it said at attach
         self._closing: tuple[int, float, str] | None = None  # (exit code, straggler deadline, why)
@@ -181,6 +186,11 @@ class Logger:
         except Exception as exc:
             if not self._watching:
                 raise  # at start, in the foreground: the owner's start raises it
+            if self._supervised and self._close.first() is None:
+                # In the background (online), wandb-core died or wandb failed under us: the
+                # owner starts a new logger, which opens the run again (bounded restarts).
+                log_to_stderr(f"could not open the run: {type(exc).__name__}: {exc}; exiting")
+                raise SinkLostError from exc
             # In the background the owner has returned long ago: the ranks' records are
             # counted as dropped, and the run's absence is said once.
             log_to_stderr(f"could not open the run: {type(exc).__name__}: {exc}")
@@ -196,6 +206,9 @@ class Logger:
             writer.order.rank_expected(rank)
         info = self._receiver.run_info = self.run_info()
         continuity.write_json(self._ipc_dir, RUN_INFO_FILE, info)
+        # A successor must know this segment even if this logger dies before its first row
+        # is saved (it then reads the segment from its start).
+        self._write_state()
 
     def _continue_run(self, writer: RunWriter) -> None:
         """A restarted logger's run: the config, summary and metric definitions the ranks
@@ -372,6 +385,7 @@ class Logger:
 
     def _ended(self, event: Ended) -> None:
         self._active.discard(event.rank)
+        self._ended_ranks.add(event.rank)
         writer = self._writer_for(event.rank)
         writer.order.rank_done(event.rank)
         if event.exit_code:
@@ -436,7 +450,8 @@ class Logger:
                 "generation": self._before.generation,
                 "saved": {str(k): v for k, v in writer.saves.saved.items()},
                 "ranks": sorted(self._receiver.used_ranks()),
-                "active": sorted(self._active),
+                # ranks still logging (those the dead logger knew, until they end here too)
+                "active": sorted((self._active | self._before.active) - self._ended_ranks),
                 "segments": self._before.segments,
                 "segment": segment,
                 "segment_unsaved_from": writer.recent_from,
@@ -646,16 +661,30 @@ class Logger:
         except Exception:
             return
         dirs = [os.path.dirname(str(s["path"])) for s in segments if s.get("kind") == "wandb"]
+        online = not bool((self._receiver.run_info or {}).get("offline", True))
+        if online:
+            # This segment uploaded itself; a dead logger's may not have uploaded its last
+            # rows (its wandb-core died with it). Its file has them: the command uploads the
+            # whole segment again (rows the server already has may then appear twice).
+            dirs = dirs[:-1]
         if not dirs:
             return
-        online = not bool((self._receiver.run_info or {}).get("offline", True))
         flag = "--no-skip-online " if online else ""
         commands = "\n".join(f"    wandb sync {flag}{d}" for d in dirs)
-        log_to_stderr(
-            f"the run is in {len(dirs)} segments (the logger was restarted "
-            f"{self._before.generation} times); to upload it, sync each in this order, one "
-            f"command each:\n{commands}"
+        head = (
+            f"the run is in {len(segments)} segments (the logger was restarted "
+            f"{self._before.generation} times); "
         )
+        if online:
+            log_to_stderr(
+                head + "the dead loggers' segments may not have uploaded their last rows; "
+                f"their files have them (the server may then hold those it had twice):\n"
+                f"{commands}"
+            )
+        else:
+            log_to_stderr(
+                head + f"to upload it, sync each in this order, one command each:\n{commands}"
+            )
 
 
 def _warn_once(name: str) -> Callable[[str], None]:
@@ -781,7 +810,10 @@ def main() -> int:
     try:
         if background:
             logger.watch()
-            logger.open_run(opening)
+            try:
+                logger.open_run(opening)
+            except SinkLostError:
+                os._exit(EXIT_LOGGER_RESTART)  # as below: the owner starts the next logger
         code = logger.serve()
         if code == EXIT_LOGGER_RESTART:
             # wandb-core is gone: nothing more to finish here. Out at once (wandb's exit
