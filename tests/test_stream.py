@@ -169,3 +169,66 @@ def test_a_run_that_never_opens_costs_a_bounded_wait(logger: tuple[str, LoggerSo
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             stream.close("test over", 0.0)
+
+
+def test_sent_batches_are_kept_until_saved_and_resent_to_a_restarted_logger(
+    logger: tuple[str, LoggerSocket],
+) -> None:
+    """A stream keeps every batch it sent until the logger's ``Saved``; a ``Rehello`` (a
+    restarted logger that does not know it) makes it say hello again with the range it
+    resends, keep its rank, and resend the unsaved batches in order."""
+    from wandb_funnel._protocol.messages import Saved
+
+    address, sock = logger
+    stream = Stream(address, "tok", requested_rank=2)
+    try:
+        identity, _ = _next(sock)
+        sock.reply(identity, codec.encode_welcome(Welcome(4)))
+        assert stream.wait_welcome(5.0)
+        for step in range(3 * BATCH_RECORDS):
+            stream.push(_record(step))  # three full batches, sent as they fill
+        for _ in range(3):
+            assert isinstance(_next(sock)[1], RecordBatch)
+        sock.reply(identity, codec.encode_saved(Saved(BATCH_RECORDS)))  # the first is saved
+        sock.reply(identity, codec.REHELLO_FRAME)
+        stream.flush_if_stale(time.monotonic())  # the flusher's tick reads the replies
+        _, hello = _next(sock)
+        assert isinstance(hello, Hello)
+        assert hello.requested_rank == 4  # the rank it had
+        assert hello.resume == (BATCH_RECORDS, 3 * BATCH_RECORDS)
+        resent = [_next(sock)[1] for _ in range(2)]
+        assert [b.first_seq for b in resent if isinstance(b, RecordBatch)] == [
+            BATCH_RECORDS,
+            2 * BATCH_RECORDS,
+        ]
+        assert stream.replays == 1
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stream.close("test over", 0.0)
+
+
+def test_the_replay_buffer_is_bounded_and_forgets_the_oldest(
+    logger: tuple[str, LoggerSocket],
+) -> None:
+    """Past ``replay_records`` the oldest batches are forgotten, never waited for: a resend
+    then starts at the oldest batch still held (the logger counts the gap as dropped)."""
+    address, sock = logger
+    stream = Stream(address, "tok", requested_rank=1, replay_records=2 * BATCH_RECORDS)
+    try:
+        identity, _ = _next(sock)
+        for step in range(5 * BATCH_RECORDS):
+            stream.push(_record(step))
+        assert stream._replay_records == 2 * BATCH_RECORDS
+        sock.reply(identity, codec.REHELLO_FRAME)
+        deadline = time.monotonic() + 5
+        while stream.replays == 0 and time.monotonic() < deadline:
+            stream.flush_if_stale(time.monotonic())
+        hello = None
+        while not isinstance(hello, Hello):
+            _, hello = _next(sock)
+        assert hello.resume == (3 * BATCH_RECORDS, 5 * BATCH_RECORDS)
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stream.close("test over", 0.0)

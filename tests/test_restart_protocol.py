@@ -1,0 +1,107 @@
+"""A rank and a restarted logger's receiver, in-process with real ZeroMQ: the rank's
+batches reach the first receiver, which "dies" (stops, its socket closed) having saved
+the first 100; a second receiver binds the same address (generation 1) and gets every
+record from 100 on exactly once, in order, and none below."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import warnings
+
+from wandb_funnel._logger.receiver import Attached, Receiver, Records
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.sockets import LoggerSocket, private_ipc_endpoint, remove_ipc_dir
+from wandb_funnel._worker.stream import Stream
+
+MAX = 1 << 20
+
+
+def _records(rx: Receiver) -> list[Records]:
+    out = []
+    while True:
+        try:
+            event = rx.events.get_nowait()
+        except queue.Empty:
+            return out
+        if isinstance(event, Records):
+            out.append(event)
+
+
+def test_a_restarted_receiver_takes_each_unsaved_record_once() -> None:
+    address, directory = private_ipc_endpoint()
+    first = LoggerSocket(address, 1000, MAX)
+    rx = Receiver(first, "tok", MAX, 100_000)
+    rx.start()
+    stream = Stream(address, "tok", requested_rank=1, logger_pid=os.getpid(), restarted=True)
+    second: LoggerSocket | None = None
+    rx2: Receiver | None = None
+    try:
+        assert stream.wait_welcome(5.0)
+        for step in range(300):
+            stream.push(codec.encode_record(step, True, {"x": step}, MAX))
+        stream.flush(1.0)
+        deadline = time.monotonic() + 5
+        while rx.received() < 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rx.stop(2.0)
+        first.close()  # the first logger is gone; nothing was said to be saved
+        second = LoggerSocket(address, 1000, MAX)
+        rx2 = Receiver(second, "tok", MAX, 100_000, generation=1, saved={1: 100}, used_ranks={1})
+        rx2.start()
+        for step in range(300, 310):  # logged after the death: reaches the new logger
+            stream.push(codec.encode_record(step, True, {"x": step}, MAX))
+        deadline = time.monotonic() + 10
+        while rx2.received() < 310 and time.monotonic() < deadline:
+            stream.flush_if_stale(time.monotonic())
+            time.sleep(0.05)
+        assert stream.replays >= 1
+        assert rx2.received() == 310  # the 100 saved count as received
+        steps = [r[0] for event in _records(rx2) for r in event.records]
+        assert steps == list(range(100, 310))
+        # resent: 100..299, and 300..309 too when their batch reached the new logger before
+        # the rank's second hello (it then dropped it as a stranger's frame)
+        assert rx2.replayed in (200, 210)
+        assert rx2.dropped == 0 and rx2.junk_frames == 0
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stream.close("test over", 1.0)
+        rx.stop(1.0)
+        if rx2 is not None:
+            rx2.stop(2.0)
+        if second is not None:
+            second.close()
+        remove_ipc_dir(directory)
+
+
+def test_a_rank_whose_buffer_forgot_records_is_counted_as_dropped() -> None:
+    """The rank resends from 200 but the run has only 0..99: 100 records are counted."""
+    address, directory = private_ipc_endpoint()
+    sock = LoggerSocket(address, 1000, MAX)
+    rx = Receiver(sock, "tok", MAX, 100_000, generation=1, saved={1: 100})
+    rx.start()
+    try:
+        identity = b"\x01abcdefghijk"
+        from wandb_funnel._protocol.messages import Hello
+
+        hello = Hello("tok", os.getpid(), "h", 1, None, (200, 300))
+        import zmq
+
+        ctx = zmq.Context.instance()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, identity)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(address)
+        dealer.send(codec.encode_hello(hello))
+        deadline = time.monotonic() + 5
+        while rx.dropped < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rx.dropped == 100
+        assert isinstance(rx.events.get(timeout=1), Attached)
+        dealer.close()
+    finally:
+        rx.stop(2.0)
+        sock.close()
+        remove_ipc_dir(directory)
