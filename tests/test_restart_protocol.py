@@ -19,7 +19,7 @@ MAX = 1 << 20
 
 
 def _records(rx: Receiver) -> list[Records]:
-    out = []
+    out: list[Records] = []
     while True:
         try:
             event = rx.events.get_nowait()
@@ -89,7 +89,7 @@ def test_a_rank_whose_buffer_forgot_records_is_counted_as_dropped() -> None:
         hello = Hello("tok", os.getpid(), "h", 1, None, (200, 300))
         import zmq
 
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, identity)
         dealer.setsockopt(zmq.LINGER, 0)

@@ -433,34 +433,38 @@ class Logger:
             continuity.write_json(self._ipc_dir, continuity.RUN_DATA_FILE, self._run_data.to_json())
 
     def _write_state(self) -> None:
-        writer = self._writers.get(None)
-        if writer is None:
-            return
+        """What a successor needs (``_logger/continuity.py``), written before any rank is
+        told its records are saved. In run_mode="new" (a run per rank) only the saved points
+        and ranks: those runs are resumed, not de-duplicated by step."""
+        saved: dict[int, int] = {}
+        for each in self._writers.values():
+            saved.update(each.saves.saved)
         stats = self.stats()
-        segment: dict[str, Any] | None = None
-        if writer.sink is not None:
-            try:
-                segment = writer.sink.segment()
-            except Exception:
-                segment = None
-        continuity.write_json(
-            self._ipc_dir,
-            continuity.STATE_FILE,
-            {
-                "generation": self._before.generation,
-                "saved": {str(k): v for k, v in writer.saves.saved.items()},
-                "ranks": sorted(self._receiver.used_ranks()),
-                # ranks still logging (those the dead logger knew, until they end here too)
-                "active": sorted((self._active | self._before.active) - self._ended_ranks),
-                "segments": self._before.segments,
-                "segment": segment,
-                "segment_unsaved_from": writer.recent_from,
+        state: dict[str, Any] = {
+            "generation": self._before.generation,
+            "saved": {str(k): v for k, v in {**self._before.saved, **saved}.items()},
+            "ranks": sorted(self._receiver.used_ranks()),
+            # ranks still logging (those the dead logger knew, until they end here too)
+            "active": sorted((self._active | self._before.active) - self._ended_ranks),
+            "base": {k: stats[k] for k in continuity.ADDITIVE if k in stats},
+        }
+        writer = self._writers.get(None)
+        if writer is not None:
+            segment: dict[str, Any] | None = None
+            if writer.sink is not None:
+                try:
+                    segment = writer.sink.segment()
+                except Exception:
+                    segment = None
+            state.update(
+                segments=self._before.segments,
+                segment=segment,
+                segment_unsaved_from=writer.recent_from,
                 # the dead logger's records: these, plus those in the rows its file holds
-                "records": self._before.records + self._duplicates + writer.records_before_recent,
-                "recent_rows": list(writer.recent_rows),
-                "base": {k: stats[k] for k in continuity.ADDITIVE if k in stats},
-            },
-        )
+                records=self._before.records + self._duplicates + writer.records_before_recent,
+                recent_rows=list(writer.recent_rows),
+            )
+        continuity.write_json(self._ipc_dir, continuity.STATE_FILE, state)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         code = EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM

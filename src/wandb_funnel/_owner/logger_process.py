@@ -65,7 +65,7 @@ class LoggerProcess:
 
     @classmethod
     def spawn(
-        cls, start: LoggerStart, ready_r: int, timeout: float
+        cls, start: LoggerStart, ready_r: int, timeout: float, grace: float = _START_GRACE
     ) -> tuple[LoggerProcess, dict[str, Any]]:
         """Start the logger and wait (bounded) until it has opened the run.
 
@@ -96,7 +96,7 @@ class LoggerProcess:
             assert proc.stdin is not None
             proc.stdin.write(start.to_json())
             proc.stdin.close()
-            ready = logger._wait_ready(ready_r, timeout)
+            ready = logger._wait_ready(ready_r, timeout, grace)
         except BaseException:
             logger.kill()
             raise
@@ -109,8 +109,8 @@ class LoggerProcess:
             )
         return logger, ready
 
-    def _wait_ready(self, fd: int, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout + _START_GRACE
+    def _wait_ready(self, fd: int, timeout: float, grace: float = _START_GRACE) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout + grace
         data = b""
         while not data.endswith(b"\n"):
             left = deadline - time.monotonic()

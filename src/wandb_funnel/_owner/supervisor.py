@@ -82,11 +82,12 @@ class Supervisor:
         logger to finish it), and a logger found dead now is restarted at once, within the
         bound; waits at most ``timeout`` seconds. Returns the logger to close."""
         self._stopped.set()
+        deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             return self.logger
         try:
             if self._max > 0 and not self.gave_up and self.logger.returncode is not None:
-                self._restart()
+                self._restart(within=max(0.5, deadline - time.monotonic()))
         finally:
             self._lock.release()
         return self.logger
@@ -101,8 +102,9 @@ class Supervisor:
                 if not self._restart():
                     return
 
-    def _restart(self) -> bool:
-        """Start a new logger for the dead one (lock held); False once past the bound."""
+    def _restart(self, within: float | None = None) -> bool:
+        """Start a new logger for the dead one (lock held); False once past the bound.
+        ``within``: seconds the start may take (a close's share), else ``start_timeout``."""
         dead = self.logger
         now = time.monotonic()
         while self._restarts and now - self._restarts[0] > LOGGER_RESTART_WINDOW:
@@ -134,7 +136,10 @@ class Supervisor:
         start = self._start._replace(ready_fd=ready_w, generation=self.restarts)
         began = time.monotonic()
         try:
-            logger, _ = LoggerProcess.spawn(start, ready_r, start.options.start_timeout)
+            if within is None:
+                logger, _ = LoggerProcess.spawn(start, ready_r, start.options.start_timeout)
+            else:
+                logger, _ = LoggerProcess.spawn(start, ready_r, within, grace=0.0)
         except Exception as exc:
             self._start_failed = str(exc)
             _say(f"the new logger did not start: {exc}")
