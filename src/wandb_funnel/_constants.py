@@ -79,6 +79,7 @@ FINAL_STATS: Final = "final-stats.json"
 # that have no stream of their own to ask with (an online run opens in the background).
 RUN_INFO_FILE: Final = "run-info.json"
 DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank
+DEFAULT_STALL_TIMEOUT: Final = 300.0  # seconds without progress before a stall is reported
 DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the oldest is forced
 
 # Client batching: a batch is sent when it holds BATCH_RECORDS records, or BATCH_BYTES bytes,
@@ -130,7 +131,7 @@ EXIT_LOGGER_RESTART: Final = 75  # EX_TEMPFAIL
 EXIT_SIGINT: Final = 130  # 128 + SIGINT, the shell's convention
 EXIT_SIGTERM: Final = 143  # 128 + SIGTERM
 
-REDUCERS: Final = ("mean", "sum", "min", "max", "first", "concat", "merge")
+REDUCERS: Final = ("mean", "sum", "min", "max", "first", "concat", "merge", "spread")
 RUN_MODES: Final = ("auto", "shared", "new")
 RANK_SCOPES: Final = ("global", "worker")
 # What an online run does when W&B does not answer at start: record offline under the same

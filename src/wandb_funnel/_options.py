@@ -23,6 +23,7 @@ from wandb_funnel._constants import (
     DEFAULT_REORDER_WINDOW,
     DEFAULT_REPLAY_MAX_BYTES,
     DEFAULT_REPLAY_MAX_RECORDS,
+    DEFAULT_STALL_TIMEOUT,
     DEFAULT_START_TIMEOUT,
     DEFAULT_STEP_KEY,
     ON_NETWORK_ERROR,
@@ -87,7 +88,7 @@ def _reducers(reduce: Any) -> dict[str, str]:
     return out
 
 
-_FLOATS = ("close_timeout", "start_timeout", "reorder_window")
+_FLOATS = ("close_timeout", "start_timeout", "reorder_window", "stall_timeout")
 _INTS = (
     "max_pending_rows",
     "max_record_bytes",
@@ -139,7 +140,10 @@ class FunnelOptions:
             several is reduced), ``"shared"`` (every rank's value as ``{key}/rank{rank}``),
             or ``"new"`` (in a launched job: one wandb run per rank, grouped).
         reduce: the reducer per key: ``"mean"``, ``"sum"``, ``"min"``, ``"max"``,
-            ``"first"``, ``"concat"`` (tables: one table, rows in rank order) or ``"merge"``
+            ``"first"``, ``"concat"`` (tables: one table, rows in rank order), ``"spread"``
+            (``key`` the mean, and ``key/min``, ``key/max``, ``key/min_rank``,
+            ``key/max_rank``: a rank that is the max 10 steps in a row at 1.2x the median or
+            more is reported as a straggler) or ``"merge"``
             (histograms with the same bins: counts added); a dict of key or glob to reducer,
             or one reducer for every key.
             Keys without one are averaged.
@@ -158,6 +162,9 @@ class FunnelOptions:
             recorded offline under the same id, with the ``wandb sync`` command that uploads
             it said on the terminal) or ``"raise"`` (plain ``wandb.init``'s behaviour: the
             start waits for the run and raises ``LoggerStartError`` naming the URL and error).
+        stall_timeout: seconds without a new step from any rank (or from one rank while the
+            others advance), with the ranks alive, after which the funnel says which rank is
+            behind (stderr and the run's console); 0 turns it off. It never kills anything.
         max_logger_restarts: how many times in 10 minutes the owner starts a new logger when
             the logger (or its wandb-core) dies; the run continues, and the ranks resend what
             was not saved. 0: never (the ranks then count what they could not send).
@@ -184,6 +191,7 @@ class FunnelOptions:
         "replay_max_bytes",
         "replay_max_records",
         "run_mode",
+        "stall_timeout",
         "start_timeout",
         "step_key",
     )
@@ -203,6 +211,7 @@ class FunnelOptions:
     max_logger_restarts: int
     replay_max_records: int
     replay_max_bytes: int
+    stall_timeout: float
 
     def __init__(
         self,
@@ -221,6 +230,7 @@ class FunnelOptions:
         max_logger_restarts: int = DEFAULT_MAX_LOGGER_RESTARTS,
         replay_max_records: int = DEFAULT_REPLAY_MAX_RECORDS,
         replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT,
     ) -> None:
         self.run_mode = _choice("run_mode", run_mode, RUN_MODES)
         self.reduce = _reducers(reduce)
@@ -243,6 +253,7 @@ class FunnelOptions:
         self.max_logger_restarts = max_logger_restarts
         self.replay_max_records = _count("replay_max_records", replay_max_records)
         self.replay_max_bytes = _count("replay_max_bytes", replay_max_bytes)
+        self.stall_timeout = _number("stall_timeout", stall_timeout, positive=False)
 
     @classmethod
     def split(cls, kwargs: Mapping[str, Any]) -> tuple[FunnelOptions, dict[str, Any]]:

@@ -83,6 +83,16 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="W&B does not answer at start: record offline under the same id and say how "
         "to upload it (offline, the default), or fail as plain wandb does (raise)",
     )
+    run.add_argument(
+        "--stall-timeout",
+        metavar="SECONDS",
+        help="say which rank is behind after this long without progress (300; 0: off)",
+    )
+    run.add_argument(
+        "--max-logger-restarts",
+        metavar="N",
+        help="restarts of a logger that dies, in 10 minutes (3; 0: never)",
+    )
     # The command, when it is not after `--`: everything from its first word on, untouched.
     run.add_argument(
         "command_words",

@@ -38,6 +38,8 @@ ADDITIVE = (
     "funnel/console_lines",
     "funnel/dropped_console_lines",
     "funnel/replayed_records",
+    "funnel/stalls",
+    "funnel/nonfinite",
 )
 _SETTLE = 0.5  # a dead logger's segment is final once it has not grown for this long
 _SETTLE_MAX = 5.0

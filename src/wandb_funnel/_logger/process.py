@@ -35,6 +35,7 @@ from wandb_funnel._constants import (
 )
 from wandb_funnel._logger import continuity
 from wandb_funnel._logger.continuity import Continuation, RunData
+from wandb_funnel._logger.health import Health
 from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._logger.ordering import Reorderer
 from wandb_funnel._logger.receiver import (
@@ -68,6 +69,8 @@ _FINISH_RESERVE = 2.0
 # nobody else may be left to kill it (the owner may be dead).
 _WATCHDOG_GRACE = 1.0
 _SAVE_PERIOD = 0.2  # seconds between looks at what the transaction log holds
+_HEALTH_PERIOD = 1.0  # seconds between looks for a stall
+_STACK_TIMEOUT = 10.0  # seconds py-spy may take for one rank's stack
 
 
 class SinkLostError(Exception):
@@ -106,6 +109,9 @@ class Logger:
         # and counted here (its state could not count them).
         self._duplicates = 0
         self._next_save = 0.0
+        self._health = Health(start.options.stall_timeout)  # stalls, NaNs, stragglers
+        self._next_health = 0.0
+        self._local_ranks = start.topology.tcp_host is None  # every rank's pid is ours to see
         self._supervised = True  # the owner is alive: it restarts a logger that exits
         self._orphaned = False  # the owner is gone: serve the ranks until they all end
         self._owner_pid = start.owner_pid
@@ -140,7 +146,7 @@ class Logger:
         writer = RunWriter(
             sink,
             Reorderer(options.reorder_window, options.max_pending_rows),
-            RowBuilder(mode, options.reduce, options.step_key, warn),
+            RowBuilder(mode, options.reduce, options.step_key, warn, self._on_spread),
             name,
             MediaFiles(staging, warn),
         )
@@ -294,12 +300,16 @@ class Logger:
             for writer in self._writers.values():
                 if not writer.finished:
                     rows = writer.order.pop_ready(now, window_applies, _ROWS_PER_WAKE)
+                    self._look_at_values(rows)
                     writer.write(rows, self._write_deadline)
                     more_rows |= len(rows) >= _ROWS_PER_WAKE
                     writer.saves.written(
                         writer.order.last_released_step, writer.rows, writer.records
                     )
             self._note_saved(now)
+            if now >= self._next_health:
+                self._next_health = now + _HEALTH_PERIOD
+                self._look_for_stalls(now)
             if self._supervised and self._closing is None and self._sink_lost():
                 return EXIT_LOGGER_RESTART
             if self._orphaned and self._closing is None and not self._receiver.unfinished():
@@ -368,8 +378,11 @@ class Logger:
             else:
                 top = writer.order.add_batch(event.rank, records, now)
             writer.saves.batch(event.rank, event.end_seq, top, writer.rows)
+            if records:
+                self._health.batch(event.rank, top, len(records), now)
             self._receiver.taken(len(event.records))
         elif isinstance(event, Attached):
+            self._health.attached(event.rank, time.monotonic())
             self._active.add(event.rank)
             self._pids[event.rank] = event.pid
             writer = self._writer_for(event.rank)
@@ -397,6 +410,72 @@ class Logger:
             # The write deadline applies here too: a rank that ends while the run closes must
             # not spend on its backlog the time the other runs' summaries need.
             writer.finish(code, stats, 0, self._write_deadline, self._closing_step)
+
+    # -- rank health (issue 27) ---------------------------------------------------------------
+    def _say(self, text: str) -> None:
+        """A health report: on the terminal (stderr) and in the run's console."""
+        log_to_stderr(text)
+        writer = self._writers.get(None)
+        if writer is None or writer.sink is None or writer.sink_lost:
+            return
+        try:
+            writer.sink.output("stderr", f"wandb-funnel: {text}\n", time.time())
+        except Exception:
+            pass  # the terminal has it; a console record must never cost a row
+
+    def _look_at_values(self, rows: list[Any]) -> None:
+        health = self._health
+        for row in rows:
+            for rank, part in row.parts.items():
+                for line in health.values(rank, row.step, part):
+                    self._say(line)
+
+    def _on_spread(self, key: str, ranks: list[int], values: list[Any], step: int) -> None:
+        line = self._health.spread(key, ranks, values, step)
+        if line is not None:
+            self._say(line)
+
+    def _look_for_stalls(self, now: float) -> None:
+        found = self._health.check(now, self._active)  # a dead rank has left _active
+        if found is None:
+            return
+        kind, text = found
+        if kind == "resumed":
+            self._say(text)
+            return
+        self._say(text)
+        behind = [(r, self._pids.get(r)) for r in self._health.behind]
+        threading.Thread(
+            target=self._say_stacks, args=(behind,), name="wandb-funnel-stacks", daemon=True
+        ).start()
+
+    def _say_stacks(self, behind: list[tuple[int, int | None]]) -> None:
+        """The lagging ranks' Python stacks, by py-spy when it is installed (bounded), on a
+        thread of its own: the writer never waits for it."""
+        import shutil
+        import subprocess
+
+        spy = shutil.which("py-spy")
+        for rank, pid in behind:
+            if not pid or not self._local_ranks:
+                continue
+            if spy is None:
+                self._say(
+                    f"rank {rank}'s Python stack: pip install py-spy, then py-spy dump --pid {pid}"
+                )
+                continue
+            try:
+                done = subprocess.run(
+                    [spy, "dump", "--pid", str(pid)],
+                    capture_output=True,
+                    text=True,
+                    timeout=_STACK_TIMEOUT,
+                    check=False,
+                )
+                stack = (done.stdout or done.stderr).strip()
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                stack = f"py-spy failed: {exc!r}"
+            self._say(f"rank {rank} (pid {pid}), py-spy dump:\n{stack[:8000]}")
 
     def _keep_run_data(self, kind: UpdateKind, data: dict[str, Any]) -> None:
         if kind is UpdateKind.CONFIG:
@@ -583,6 +662,7 @@ class Logger:
             "funnel/dropped_console_lines": sum(c.console.dropped for c in writers),
             "funnel/replayed_records": rx.replayed,
             "funnel/logger_restarts": self._before.generation,
+            **self._health.summary(),
         }
         return self._with_earlier_segments(out)
 
@@ -714,6 +794,8 @@ _REPORTED = (
     "funnel/failed_ranks",
     "funnel/junk_frames",
     "funnel/rejected_peers",
+    "funnel/stalls",
+    "funnel/nonfinite",
 )
 # Counted per run by each writer itself; everything else is the funnel's.
 _PER_WRITER = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")

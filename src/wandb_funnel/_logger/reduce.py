@@ -108,6 +108,25 @@ def merge_histograms(values: list[Any], ranks: list[int]) -> MediaRef:
 
 
 _RANKED_FUNCS = {"concat": concat_tables, "merge": merge_histograms}
+SPREAD = "spread"  # mean, min, max and which rank had each: not one value, several keys
+
+
+def spread(key: str, values: list[Any], ranks: list[int]) -> dict[str, Any]:
+    """``key`` (the mean), ``key/min``, ``key/max``, ``key/min_rank``, ``key/max_rank``: the
+    collective-free way to time ranks (the lowest rank wins a tie). Not numbers: the lowest
+    rank's value, as ``first``."""
+    if not _numbers(values):
+        return {key: values[0]}
+    low = min(range(len(values)), key=values.__getitem__)
+    high = max(range(len(values)), key=values.__getitem__)
+    return {
+        key: _float_sum(values) / len(values),
+        f"{key}/min": values[low],
+        f"{key}/max": values[high],
+        f"{key}/min_rank": ranks[low],
+        f"{key}/max_rank": ranks[high],
+    }
+
 
 _REDUCER_FUNCS: dict[str, Reducer] = {
     "mean": _mean,
@@ -170,9 +189,11 @@ class RowBuilder:
         reduce: Mapping[str, str],
         step_key: str,
         warn: Callable[[str], None] | None = None,
+        on_spread: Callable[[str, list[int], list[Any], int], None] | None = None,
     ) -> None:
         self._mode = run_mode
         self._warn = warn
+        self._on_spread = on_spread  # each step of a spread key (the logger's straggler watch)
         self._explicit = dict(reduce)
         self._globs = [(k, v) for k, v in self._explicit.items() if any(c in k for c in "*?[")]
         self._step_key = step_key
@@ -237,15 +258,26 @@ class RowBuilder:
                     out[key] = values[0]
                     continue
                 name = self._reducer_for(key) or "mean"
-                # Which ranks gave the values: asked for only by concat and merge, off the hot path.
+                # Which ranks gave the values: asked for only by concat, merge and spread, off
+                # the hot path.
                 ranks = (
                     [r for r in sorted(parts) if key in _flat(parts[r])]
-                    if name in _RANKED_FUNCS
+                    if name in _RANKED_FUNCS or name == SPREAD
                     else []
                 )
+                if name == SPREAD:
+                    self._spread(out, key, values, ranks, row.step)
+                    continue
                 out[key] = _reduce(name, values, ranks, key, self._warn)
         self._put_step(out, row.step)
         return out
+
+    def _spread(
+        self, out: dict[str, Any], key: str, values: list[Any], ranks: list[int], step: int
+    ) -> None:
+        out.update(spread(key, values, ranks))
+        if self._on_spread is not None and len(values) > 1 and _numbers(values):
+            self._on_spread(key, ranks, values, step)
 
     def _build_shared(self, row: Row) -> dict[str, Any]:
         by_key: dict[str, list[Any]] = {}
@@ -262,7 +294,9 @@ class RowBuilder:
                 continue
             for rank, value in zip(ranks_by_key[key], values, strict=True):
                 out[f"{key}/rank{rank}"] = value
-            if asked is not None:
+            if asked == SPREAD:
+                self._spread(out, key, values, ranks_by_key[key], row.step)
+            elif asked is not None:
                 out[key] = _reduce(asked, values, ranks_by_key[key], key, self._warn)
         self._put_step(out, row.step)
         return out
