@@ -348,8 +348,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     soak = _soak_parser(sub)
     run = run_command.add_parser(sub)
+    status = sub.add_parser(
+        "status",
+        help="the running funnels of this user on this node, and every rank's progress",
+        description="The running funnels of this user on this node: run, state, rows, and "
+        "each rank's last step, seconds since its last record, records, drops and steps "
+        "per second (read from what each funnel's logger writes once a second).",
+    )
+    status.add_argument("--json", action="store_true", help="one JSON object (a contract)")
+    status.add_argument("--watch", action="store_true", help="again every second")
     args = parser.parse_args(argv)
     args.target = target
+    if args.command == "status":
+        from wandb_funnel import _status
+
+        return _status.main(args.json, args.watch)
     if args.command == "run":
         # `wandb-funnel run python train.py` needs no `--`: the command starts at the first
         # word that is not one of our options (as opentelemetry-instrument and ddtrace-run

@@ -53,6 +53,7 @@ from wandb_funnel._logger.saving import SaveTracker
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Done, LoggerStart, UpdateKind
 from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
+from wandb_funnel._status import STATUS_FILE
 from wandb_funnel.sinks import Opening, Sink, open_sink, opens_online
 
 _PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
@@ -69,7 +70,9 @@ _FINISH_RESERVE = 2.0
 # nobody else may be left to kill it (the owner may be dead).
 _WATCHDOG_GRACE = 1.0
 _SAVE_PERIOD = 0.2  # seconds between looks at what the transaction log holds
-_HEALTH_PERIOD = 1.0  # seconds between looks for a stall
+_HEALTH_PERIOD = 1.0  # seconds between looks for a stall (and status.json rewrites)
+_SILENT_AFTER = 10.0  # wandb-funnel status: a rank with no record this long is "silent"
+_CLOSE_QUIET = 2.0  # a close says how far it got once it has taken this long, every second
 _STACK_TIMEOUT = 10.0  # seconds py-spy may take for one rank's stack
 
 
@@ -110,6 +113,9 @@ class Logger:
         self._duplicates = 0
         self._next_save = 0.0
         self._health = Health(start.options.stall_timeout)  # stalls, NaNs, stragglers
+        self._started = float((start.program or {}).get("start_time") or time.time())
+        self._close_progress: dict[str, Any] | None = None  # while closing: rows/seconds left
+        self._next_progress = 0.0
         self._next_health = 0.0
         self._local_ranks = start.topology.tcp_host is None  # every rank's pid is ours to see
         self._supervised = True  # the owner is alive: it restarts a logger that exits
@@ -310,6 +316,7 @@ class Logger:
             if now >= self._next_health:
                 self._next_health = now + _HEALTH_PERIOD
                 self._look_for_stalls(now)
+                self._write_status(now)
             if self._supervised and self._closing is None and self._sink_lost():
                 return EXIT_LOGGER_RESTART
             if self._orphaned and self._closing is None and not self._receiver.unfinished():
@@ -476,6 +483,78 @@ class Logger:
             except (OSError, subprocess.TimeoutExpired) as exc:
                 stack = f"py-spy failed: {exc!r}"
             self._say(f"rank {rank} (pid {pid}), py-spy dump:\n{stack[:8000]}")
+
+    def status(self, now: float) -> dict[str, Any]:
+        """What ``wandb-funnel status`` shows (``_status.py``), from counters at hand."""
+        info = self._receiver.run_info or {}
+        stats = self.stats()
+        ranks = []
+        for peer in sorted(self._receiver.peers(), key=lambda p: p["rank"]):
+            progress = self._health.ranks.get(peer["rank"])
+            last = progress.last_record if progress is not None else None
+            since = None if last is None else round(now - last, 1)
+            if peer["gone"]:
+                state = "dead"
+            elif peer["ended"]:
+                state = "finished"
+            elif peer["rank"] in self._health.behind or since is None or since >= _SILENT_AFTER:
+                state = "silent"
+            else:
+                state = "alive"
+            ranks.append(
+                {
+                    "rank": peer["rank"],
+                    "pid": peer["pid"],
+                    "host": peer["host"],
+                    "state": state,
+                    "last_step": progress.last_step if progress is not None else -1,
+                    "since_last_s": since,
+                    "records": peer["received"],
+                    "dropped": peer["dropped"],
+                    "steps_per_s": round(progress.steps_per_s(now), 2) if progress else 0.0,
+                }
+            )
+        pending = sum(w.order.pending_rows for w in self._writers.values())
+        return {
+            "run_id": self._run_id,
+            "name": info.get("name"),
+            "project": info.get("project"),
+            "owner_pid": self._owner_pid,
+            "logger_pid": os.getpid(),
+            "started": self._started,
+            "state": "closing" if self._closing is not None else "running",
+            "rows": stats["funnel/rows"],
+            "pending_rows": pending,
+            "dropped": stats["funnel/dropped_records"],
+            "close": self._close_progress,
+            "updated": time.time(),
+            "ranks": ranks,
+        }
+
+    def _write_status(self, now: float) -> None:
+        try:
+            status = self.status(now)
+        except Exception as exc:  # a status must never cost the run anything
+            log_to_stderr(f"could not write status.json: {exc!r}")
+            return
+        continuity.write_json(self._ipc_dir, STATUS_FILE, status)
+
+    def _finish_progress(self, rows_left: int) -> None:
+        """While a close writes rows: past ``_CLOSE_QUIET`` seconds, once a second, how many
+        rows are left and how much of the budget (on the terminal, as wandb's finish says
+        its upload's progress), and the same in status.json."""
+        if self._close_clock is None:
+            return
+        now = time.monotonic()
+        start, budget = self._close_clock
+        left = max(0.0, start + budget - now)
+        self._close_progress = {"rows_left": rows_left, "seconds_left": round(left, 1)}
+        if now < self._next_progress:
+            return
+        self._next_progress = now + 1.0
+        self._write_status(now)
+        if now - start >= _CLOSE_QUIET:
+            log_to_stderr(f"closing: {rows_left} rows left to write, {left:.1f}s left")
 
     def _keep_run_data(self, kind: UpdateKind, data: dict[str, Any]) -> None:
         if kind is UpdateKind.CONFIG:
@@ -717,7 +796,14 @@ class Logger:
             # run_mode="new": a rank still unfinished at close did not finish in time.
             unfinished = key is not None and key in self._active
             code = owner_code or EXIT_RANK_DIED if unfinished else exit_code
-            writer.finish(code, extra, elsewhere, self._write_deadline, self._closing_step)
+            writer.finish(
+                code,
+                extra,
+                elsewhere,
+                self._write_deadline,
+                self._closing_step,
+                self._finish_progress,
+            )
         stats = self.stats()
         stats["funnel/exit_reason"] = why
         # wandb's footer leaves funnel/* out (sinks/wandb/run.py): what went wrong is said

@@ -111,6 +111,8 @@ class _Peer:
     ended: bool = False
     skip_below: int = 0  # resent records below this are in the run already (a restart)
     replay_until: int = 0  # records below this were resent to this logger
+    dropped: int = 0  # this stream's records counted as dropped
+    gone: bool = False  # died without a goodbye
 
 
 class Receiver(threading.Thread):
@@ -216,6 +218,22 @@ class Receiver(threading.Thread):
         """Every rank handed out so far (safe from another thread)."""
         return set(self._used_ranks)
 
+    def peers(self) -> list[dict[str, Any]]:
+        """Every stream as plain data (for ``wandb-funnel status``; safe from another
+        thread: a snapshot of counters)."""
+        return [
+            {
+                "rank": p.rank,
+                "pid": p.pid,
+                "host": p.host,
+                "ended": p.ended,
+                "gone": p.gone,
+                "dropped": p.dropped,
+                "received": p.received,
+            }
+            for p in list(self._peers.values())
+        ]
+
     def unfinished(self) -> list[tuple[int, int]]:
         """(rank, pid) of every stream that has neither said goodbye nor died."""
         return [(p.rank, p.pid) for p in list(self._peers.values()) if not p.ended]
@@ -308,6 +326,7 @@ class Receiver(threading.Thread):
         elif isinstance(message, Goodbye):
             if message.produced > peer.next_seq:
                 missing = message.produced - peer.next_seq  # numbered, never arrived
+                peer.dropped += missing
                 self._drop(missing, "a worker's queue was full", peer.rank)
             self._end(peer, gone=False, exit_code=message.exit_code)
             # The receipt lets the worker know (and say) whether anything went missing.
@@ -373,6 +392,7 @@ class Receiver(threading.Thread):
         peer.skip_below = saved
         peer.replay_until = until
         if first > saved:
+            peer.dropped += first - saved
             self._drop(
                 first - saved,
                 "a rank's replay buffer was full when the logger was restarted",
@@ -397,11 +417,13 @@ class Receiver(threading.Thread):
             first_seq, count = first_seq + skip, count - skip
             peer.next_seq = max(peer.next_seq, first_seq)
         if first_seq > peer.next_seq:  # the worker dropped (and counted) these
+            peer.dropped += first_seq - peer.next_seq
             self._drop(first_seq - peer.next_seq, "a worker's queue was full", peer.rank)
         peer.next_seq = end
         if not count:
             return  # a heartbeat
         if records is None or not self._reserve(count):
+            peer.dropped += count
             self._drop(count, "the logger's queue is full: wandb is slower than the workers")
             self.events.put(Records(peer.rank, [], end))  # its numbers are done with
             return
@@ -456,6 +478,7 @@ class Receiver(threading.Thread):
             else:  # its pid means nothing here: its heartbeats stopped
                 gone = quiet >= REMOTE_SILENCE
             if gone:
+                peer.gone = True
                 self.dead_ranks.append(peer.rank)
                 self._end(peer, gone=True)
                 log_to_stderr(

@@ -204,6 +204,7 @@ class RunWriter:
         dropped_elsewhere: int = 0,
         write_deadline: float | None = None,
         step_done: Callable[[str], None] = lambda step: None,
+        progress: Callable[[int], None] = lambda rows_left: None,
     ) -> None:
         """Write every buffered row (until ``write_deadline``; the rest are counted), then the
         accounting (``extra`` adds the funnel's own figures; ``dropped_elsewhere`` counts this
@@ -223,6 +224,7 @@ class RunWriter:
             if write_deadline is not None and time.monotonic() >= write_deadline:
                 self._out_of_time()
                 break
+            progress(self.order.pending_rows)
             rows = self.order.pop_all(_FINISH_SLICE)
             if not rows:
                 break
