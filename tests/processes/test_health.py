@@ -118,7 +118,7 @@ def test_a_rank_that_stops_is_named_while_the_others_wedge_in_all_reduce(
 @pytest.mark.timeout(200)
 def test_a_nan_on_one_rank_is_named_and_counted(scripts: Scripts) -> None:
     proc = _start(scripts, "nan")
-    out, err = proc.communicate(timeout=180)
+    _, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-3000:]
     assert "rank 1 logged nan for 'loss' at step 25" in err
     (run,) = find_runs(scripts.wandb_dir)

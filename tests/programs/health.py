@@ -18,6 +18,7 @@ import argparse
 import math
 import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    options: dict[str, object] = {"project": "health", "reorder_window": 30}
+    options: dict[str, Any] = {"project": "health", "reorder_window": 30}
     if args.scenario == "stall":
         options["stall_timeout"] = 10
     if args.scenario == "spread":
