@@ -48,8 +48,9 @@ class RankProgress:
             recent.popleft()
         if len(recent) < 2:
             return 0.0
-        (t0, s0), (t1, s1) = recent[0], recent[-1]
-        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+        (t0, s0), (_, s1) = recent[0], recent[-1]
+        # over the window up to now: a rank that stopped slows down to 0, as it should
+        return (s1 - s0) / (now - t0) if now > t0 else 0.0
 
 
 def ranks_text(ranks: Iterable[int]) -> str:

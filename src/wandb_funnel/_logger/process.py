@@ -462,7 +462,8 @@ class Logger:
         import shutil
         import subprocess
 
-        spy = shutil.which("py-spy")
+        beside = os.path.join(os.path.dirname(sys.executable), "py-spy")  # the venv's bin
+        spy = shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
         for rank, pid in behind:
             if not pid or not self._local_ranks:
                 continue
