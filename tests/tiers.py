@@ -61,6 +61,9 @@ GATE: frozenset[str] = frozenset(
         # the logger (or its wandb-core, or the owner) SIGKILLed mid-run: every step once
         "processes/test_restart.py::test_a_killed_logger_or_wandb_core_costs_no_step",
         "processes/test_restart.py::test_the_owners_death_leaves_the_workers_steps_and_a_failed_run",
+        # rank health under torchrun (4 gloo ranks): spread names the straggler, and
+        # `wandb-funnel status --json` from another process lists the job's ranks
+        "processes/test_health.py::test_spread_names_the_straggler_and_status_shows_the_job",
         "processes/test_lifecycle.py::test_owner_killed_logger_exits_by_itself",
         "processes/test_lifecycle.py::test_stalled_wandb_finish_is_bounded",
         "processes/test_lifecycle.py::test_logger_crash_loses_at_most_a_second",

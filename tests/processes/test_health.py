@@ -186,3 +186,15 @@ def _status(scripts: Scripts, want_ranks: int, timeout: float = 30) -> dict[str,
             return last
         time.sleep(0.5)
     raise AssertionError(f"no funnel with {want_ranks} ranks: {last}")
+
+
+def test_a_long_close_says_how_far_it_is(scripts: Scripts) -> None:
+    """A close that takes longer than 2 s says, once a second, how many rows are left and how
+    much of its budget; the run still gets every row."""
+    res = scripts.run_file(program("lifecycle"), ["slow-close", "--rows", "20000"], 150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    said = [line for line in res.stderr.splitlines() if "rows left to write" in line]
+    assert said, res.stderr[-3000:]
+    lefts = [int(line.split("closing: ")[1].split()[0]) for line in said]
+    assert lefts == sorted(lefts, reverse=True) and lefts[0] > 0  # counting down
+    assert reports(res.stdout)["stats"]["funnel/rows"] == 20_000

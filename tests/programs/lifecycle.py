@@ -429,5 +429,15 @@ def close_with_a_row_backlog(args: argparse.Namespace) -> None:
     report(close_s=time.monotonic() - t, stats=funnel.stats)
 
 
+@scenario(option("--rows", type=int, default=20_000))
+def slow_close(args: argparse.Namespace) -> None:
+    """The owner logs ``--rows`` rows flat out and closes at once: the logger is far behind
+    (wandb writes about 5,000 rows a second), so the close takes seconds."""
+    with wf.Funnel(project="t", close_timeout=120) as funnel:
+        for s in range(args.rows):
+            funnel.log({"x": s}, step=s)
+    report(stats=funnel.stats)
+
+
 if __name__ == "__main__":
     scenario.main()
