@@ -22,6 +22,8 @@ import tempfile
 import time
 from typing import Any
 
+from wandb_funnel._pid import pid_alive
+
 STATUS_FILE = "status.json"
 STALE_AFTER = 10.0
 FUNNEL_KEYS = (
@@ -51,15 +53,7 @@ RANK_KEYS = (
 
 
 def _alive(pid: Any) -> bool:
-    if type(pid) is not int or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return type(pid) is int and pid > 0 and pid_alive(pid)
 
 
 def funnels(now: float | None = None) -> list[dict[str, Any]]:
