@@ -33,6 +33,8 @@ ENV_RUN_INFO: Final = "_WANDB_FUNNEL_RUN_INFO"
 # started with it installs the funnel into ``wandb`` at startup (``_bootstrap/sitecustomize``).
 ENV_INSTALL: Final = "_WANDB_FUNNEL_INSTALL"
 
+# What the logger writes once a second in its private directory for `wandb-funnel status`.
+STATUS_FILE: Final = "status.json"
 ENV_REPLAY: Final = "_WANDB_FUNNEL_REPLAY"  # "records,bytes": a rank's replay buffer bound
 EXPORTED_ENV: Final = (
     ENV_ADDRESS,

@@ -22,9 +22,9 @@ import tempfile
 import time
 from typing import Any
 
+from wandb_funnel._constants import STATUS_FILE
 from wandb_funnel._pid import pid_alive
 
-STATUS_FILE = "status.json"
 STALE_AFTER = 10.0
 FUNNEL_KEYS = (
     "run_id",

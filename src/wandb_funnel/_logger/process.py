@@ -32,6 +32,7 @@ from wandb_funnel._constants import (
     LOGGER_TICK,
     MEDIA_DIR,
     RUN_INFO_FILE,
+    STATUS_FILE,
 )
 from wandb_funnel._logger import continuity
 from wandb_funnel._logger.continuity import Continuation, RunData
@@ -53,7 +54,6 @@ from wandb_funnel._logger.saving import SaveTracker
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Done, LoggerStart, UpdateKind
 from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
-from wandb_funnel._status import STATUS_FILE
 from wandb_funnel.sinks import Opening, Sink, open_sink, opens_online
 
 _PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
