@@ -729,7 +729,8 @@ class Logger:
             "funnel/rows": sum(c.rows for c in writers),
             "funnel/late_records": sum(c.order.late_records for c in writers),
             "funnel/dropped_records": sum(c.dropped for c in writers) + rx.dropped,
-            "funnel/ranks": rx.ranks,
+            # after a restart, the ranks the dead loggers had too (ended ones do not come back)
+            "funnel/ranks": max(rx.ranks, len(self._before.ranks)),
             "funnel/dead_ranks": len(rx.dead_ranks),
             "funnel/failed_ranks": len(self._failed),
             "funnel/junk_frames": rx.junk_frames,
