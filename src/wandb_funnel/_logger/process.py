@@ -54,7 +54,7 @@ from wandb_funnel._logger.saving import SaveTracker
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Done, LoggerStart, UpdateKind
 from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
-from wandb_funnel.sinks import Opening, Sink, open_sink, opens_online
+from wandb_funnel.sinks import Opening, Sink, open_sink, opens_online, shut_down_own_service
 
 _PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
 _MAX_QUEUED_RECORDS = 500_000  # records decoded and waiting for the writer: bounds memory
@@ -763,6 +763,14 @@ class Logger:
             "funnel/rows": before.rows,
         }
 
+    def teardown_budget(self) -> float:
+        """Seconds left for shutting wandb-core down once the run is finished: what is left
+        of the close's budget (its watchdog ends the process 1 s after it anyway)."""
+        if self._close_clock is None:
+            return _SIGNAL_BUDGET
+        start, budget = self._close_clock
+        return max(0.5, start + budget - time.monotonic())
+
     def _closing_step(self, step: str) -> None:
         """Say how far a close has got once rows ran out of time: if the owner then has to
         kill the logger, its stderr shows where the time went."""
@@ -989,6 +997,10 @@ def main() -> int:
             except SinkLostError:
                 os._exit(EXIT_LOGGER_RESTART)  # as below: the owner starts the next logger
         code = logger.serve()
+        if code != EXIT_LOGGER_RESTART:
+            # wandb-core is this process's own: it writes the end of the run's transaction
+            # log when shut down, not when it finds its parent gone (a forced shutdown).
+            shut_down_own_service(logger.teardown_budget(), code)
         if code == EXIT_LOGGER_RESTART:
             # wandb-core is gone: nothing more to finish here. Out at once (wandb's exit
             # hook would wait on the dead core; the receiver thread still owns the socket);

@@ -200,6 +200,22 @@ def open_sink(
     return sink  # type: ignore[no-any-return]
 
 
+def shut_down_own_service(timeout: float, exit_code: int) -> bool:
+    """In the logger: shut down the wandb-core it started (its runs are finished), waiting at
+    most ``timeout`` seconds, so that wandb-core writes the end of every transaction log
+    before it exits. The logger leaves through ``os._exit``, which skips wandb's own exit
+    hook; without this the core sees its parent gone and stops without its last flush (the
+    summary and exit record of a run finished a moment before). No-op where wandb was never
+    loaded (the null and recording sinks)."""
+    import sys
+
+    if "wandb" not in sys.modules:
+        return True
+    from wandb_funnel.sinks.wandb.service import teardown_service
+
+    return teardown_service(timeout, exit_code)
+
+
 def generate_run_id() -> str:
     """An 8-character id like wandb's own, made without importing wandb."""
     import secrets  # here: it loads hashlib and OpenSSL, which a worker never needs
