@@ -112,3 +112,23 @@ def test_the_tail_counts_history_records_as_the_file_grows(tmp_path: pathlib.Pat
         )
         assert rows == expected, (cut, rows, expected)
     assert tail.history_rows() == 3
+
+
+def test_a_staged_file_is_kept_until_its_row_is_saved(tmp_path: pathlib.Path) -> None:
+    """wandb moves a row's staged file into the run; a second name (a hard link) keeps it
+    until the row is saved, so that a restarted logger finds it when the record is resent."""
+    from wandb_funnel._logger.media import MediaFiles
+    from wandb_funnel._protocol.messages import MediaRef
+
+    name = "12-34-deadbeef.png"
+    (tmp_path / name).write_bytes(b"png")
+    media = MediaFiles(str(tmp_path))
+    part = {"img": MediaRef({"k": "file", "f": name})}
+    media.keep([part], row=7)
+    (tmp_path / name).rename(tmp_path / "moved-into-the-run.png")  # what wandb does
+    assert media.path_of(name) == str(tmp_path / name)  # back under its name
+    assert (tmp_path / name).read_bytes() == b"png"
+    media.keep([part], row=8)
+    media.release(saved_rows=8)  # row 7 saved: its second name goes; row 8's stays
+    media.release(saved_rows=9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name, "moved-into-the-run.png"]

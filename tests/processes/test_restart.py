@@ -67,6 +67,25 @@ def test_a_killed_logger_or_wandb_core_costs_no_step(scripts: Scripts, kill: str
     assert res.leftovers == []
 
 
+def test_images_of_rows_not_yet_saved_survive_the_logger(scripts: Scripts) -> None:
+    """Each worker logs an image every 10 steps. The logger is SIGKILLed mid-run: the images
+    of rows it wrote but had not seen saved are still staged (a second name until the row is
+    saved), so the resent records bring them into the run: every image once, none dropped."""
+    res = scripts.run_file(RESTART, ["kill-mid-run", "--kill", "logger", "--media"], 120)
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    run = _the_run(scripts, info)
+    _every_step_once(run)
+    for worker in ("img1", "img2"):
+        steps = sorted(row["global_step"] for row in run.history if f"{worker}._type" in row)
+        assert steps == list(range(0, STEPS, 10)), (worker, steps)
+        types = {row[f"{worker}._type"] for row in run.history if f"{worker}._type" in row}
+        assert types == {"image-file"}
+    assert run.summary["funnel/dropped_media"] == 0
+    assert run.summary["funnel/media"] == 2 * STEPS // 10
+    assert res.leftovers == []
+
+
 def test_three_logger_deaths_in_one_job(scripts: Scripts) -> None:
     """The logger is killed three times (each once the workers logged 50 steps with the one
     before): three restarts, four segments, every step once."""

@@ -25,10 +25,16 @@ import wandb_funnel as wf
 scenario = Scenarios(__doc__)
 
 
-def work(i: int, progress: Any, steps: int, delay: float) -> None:
+def work(i: int, progress: Any, steps: int, delay: float, media: bool = False) -> None:
     run = wf.init()  # attaches to the owner's funnel (its address is in the environment)
     for step in range(steps):
-        run.log({"loss": step * 0.1, f"w{i}": step}, step=step)
+        data: dict[str, Any] = {"loss": step * 0.1, f"w{i}": step}
+        if media and step % 10 == 0:  # an image of its own every 10 steps
+            import numpy as np
+
+            pixels = np.full((8, 8, 3), (step // 10) % 256, dtype=np.uint8)
+            data[f"img{i}"] = wf.Image(pixels, caption=f"w{i} step {step}")
+        run.log(data, step=step)
         progress[i] = step
         time.sleep(delay)
     run.finish()
@@ -76,6 +82,7 @@ def _wait(cond: Any, what: str, timeout: float = 60.0) -> None:
     option("--steps", type=int, default=600),
     option("--delay", type=float, default=0.005),
     option("--max-restarts", type=int, default=3),
+    option("--media", action="store_true"),
 )
 def kill_mid_run(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
@@ -83,7 +90,8 @@ def kill_mid_run(args: argparse.Namespace) -> None:
     with wf.Funnel(project="restart", max_logger_restarts=args.max_restarts) as funnel:
         report(run_id=funnel.run_id)
         workers = [
-            ctx.Process(target=work, args=(i, progress, args.steps, args.delay)) for i in (1, 2)
+            ctx.Process(target=work, args=(i, progress, args.steps, args.delay, args.media))
+            for i in (1, 2)
         ]
         for worker in workers:
             worker.start()

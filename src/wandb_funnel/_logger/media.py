@@ -11,6 +11,7 @@ after a files update, its staged files are.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,17 @@ def has_media(data: Any, depth: int = 0) -> bool:
 
 
 _CONTAINER_TYPES = frozenset(CONTAINERS)
+_KEPT = ".kept"  # a staged file's second name while its row is not yet saved
+
+
+def _staged_names(parts: Any) -> list[str]:
+    """The staged file names a row's parts refer to."""
+    names: list[str] = []
+    for data in parts:
+        for value in data.values():
+            if type(value) in CONTAINERS:
+                names.extend(MediaRef({"k": "", "v": value}).files())
+    return names
 
 
 class MediaFiles:
@@ -55,6 +67,10 @@ class MediaFiles:
         self.files = 0  # files of log_artifact and save that reached the run
         self.dropped_files = 0
         self._warn = warn  # the writer's: each message once
+        # A second name (a hard link: no copy) for each staged file of a row written and not
+        # yet saved, with the row's index: wandb moves the file into the run, and a logger
+        # restarted after this one died finds the file again when the row's record is resent.
+        self._kept: deque[tuple[int, list[str]]] = deque()
 
     def warn(self, message: str) -> None:
         self._warn(message)
@@ -67,8 +83,39 @@ class MediaFiles:
             raise BadMediaError(f"a staged file must be a plain name, got {name!r:.80}")
         path = os.path.join(self.directory, name)
         if not os.path.isfile(path):
-            raise BadMediaError(f"the staged file {name!r} is missing")
+            try:  # resent after a restart: the dead logger kept it under its second name
+                os.rename(path + _KEPT, path)
+            except OSError:
+                raise BadMediaError(f"the staged file {name!r} is missing") from None
         return path
+
+    def keep(self, parts: Any, row: int) -> None:
+        """Keep the staged files of row number ``row`` under a second name until the row is
+        saved (``release``): the row's records are resent if this logger dies first."""
+        if self.directory is None:
+            return
+        kept: list[str] = []
+        for name in _staged_names(parts):
+            if type(name) is not str or not STAGED.fullmatch(name):
+                continue  # not a staged name: the sink refuses it anyway
+            path = os.path.join(self.directory, name)
+            try:
+                os.link(path, path + _KEPT)
+                kept.append(path + _KEPT)
+            except OSError:
+                pass  # not staged (yet), kept already, or a filesystem without links
+        if kept:
+            self._kept.append((row, kept))
+
+    def release(self, saved_rows: int) -> None:
+        """Rows before ``saved_rows`` are in the run's transaction log: their files may go."""
+        kept = self._kept
+        while kept and kept[0][0] < saved_rows:
+            for path in kept.popleft()[1]:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
     def log_files(self, data: dict[str, Any], sink: Sink | None) -> None:
         """A rank's ``log_artifact`` or ``save``: the sink takes the staged files (into an
@@ -98,12 +145,7 @@ class MediaFiles:
         """Remove what is still staged for a row's records (wandb moved what it logged)."""
         if self.directory is None:
             return
-        names: list[str] = []
-        for data in parts:
-            for value in data.values():
-                if type(value) in CONTAINERS:
-                    names.extend(MediaRef({"k": "", "v": value}).files())
-        for name in names:
+        for name in _staged_names(parts):
             if type(name) is str and name and os.path.basename(name) == name:
                 try:
                     os.unlink(os.path.join(self.directory, name))

@@ -584,6 +584,7 @@ class Logger:
                 continue
             moved.update(writer.saves.durable(rows))
             writer.forget_rows_before(writer.saves.unsaved_from())
+            writer.media.release(writer.saves.saved_rows)
         if moved:
             self._write_state()
             self._receiver.post_saved(moved)

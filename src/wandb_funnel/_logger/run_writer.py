@@ -76,6 +76,8 @@ class RunWriter:
                 continue
             parts = row.parts.values()
             with_media = any(has_media(part) for part in parts)
+            if with_media:
+                self.media.keep(parts, self.rows)  # until the row is saved (a restart)
             try:
                 # The sink makes the row's media refs into what it writes (sinks.refs).
                 self.sink.log(self._builder.build(row), self.media if with_media else None)
