@@ -105,3 +105,55 @@ def test_a_rank_whose_buffer_forgot_records_is_counted_as_dropped() -> None:
         rx.stop(2.0)
         sock.close()
         remove_ipc_dir(directory)
+
+
+def test_a_rank_closing_when_the_logger_dies_waits_for_its_successor() -> None:
+    """The rank has said goodbye (nothing left to send) when the logger dies before its
+    receipt: it waits, within its exit timeout, pokes the address with heartbeats, and the
+    successor (1.5 s later) gets its hello, every record and its goodbye, and answers."""
+    import subprocess
+    import sys
+    import threading
+
+    address, directory = private_ipc_endpoint()
+    first = LoggerSocket(address, 1000, MAX)
+    # The "logger": a process of our own whose death the rank sees by its pid.
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stream = Stream(address, "tok", requested_rank=1, logger_pid=fake.pid, restarted=True)
+    second: LoggerSocket | None = None
+    rx2: Receiver | None = None
+    caught: list[str] = []
+    try:
+        # The first logger never answers the goodbye: it dies with the goodbye unanswered.
+        for step in range(50):
+            stream.push(codec.encode_record(step, True, {"x": step}, MAX))
+        stream.flush(1.0)
+
+        def close() -> None:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                stream.close("done", 8.0)
+            caught.extend(str(w.message) for w in seen)
+
+        closer = threading.Thread(target=close)
+        closer.start()
+        time.sleep(0.5)  # the goodbye is out; no receipt
+        fake.kill()
+        fake.wait()
+        first.close()
+        time.sleep(1.5)  # the owner takes a while to start the next one
+        second = LoggerSocket(address, 1000, MAX)
+        rx2 = Receiver(second, "tok", MAX, 100_000, generation=1, saved={})
+        rx2.start()
+        closer.join(10)
+        assert not closer.is_alive()
+        assert rx2.received() == 50
+        assert caught == []  # its records reached the successor: nothing to warn about
+    finally:
+        fake.kill()
+        fake.wait()
+        if rx2 is not None:
+            rx2.stop(2.0)
+        if second is not None:
+            second.close()
+        remove_ipc_dir(directory)

@@ -41,6 +41,7 @@ from wandb_funnel._worker import console, lifecycle, system
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
 _HOSTNAME = socket.gethostname()
+_POKE_INTERVAL = 0.5  # seconds between heartbeats to a logger that may be restarting
 _RUN_INFO_ASK = 0.5  # seconds between Hellos that ask an opening run for its name and dir
 
 
@@ -315,8 +316,9 @@ class Stream:
             if received is not None and self._replay:
                 # Received is not yet saved: a logger that dies before wandb-core flushed our
                 # last rows would lose them with us gone. A moment more (bounded) until the
-                # logger says they are on disk.
-                self._await_saved(min(deadline, time.monotonic() + SAVED_WAIT))
+                # logger says they are on disk (if it dies meanwhile, until its successor
+                # has them, within our timeout).
+                self._await_saved(min(deadline, time.monotonic() + SAVED_WAIT), deadline)
             self.closed = True
             # Once the logger confirmed receipt nothing is queued; otherwise a bounded linger
             # lets what is still queued leave (none when the logger is known dead).
@@ -335,16 +337,33 @@ class Stream:
             ack = self._read_reply(min(left, 0.05))
             if isinstance(ack, Ack):
                 return ack.received
-            if ack is None and not self.logger_alive() and not (self._replay and self._restarted):
-                return None
+            if ack is None and not self.logger_alive():
+                if not (self._replay and self._restarted):
+                    return None
+                self._poke()
 
-    def _await_saved(self, deadline: float) -> None:
+    def _await_saved(self, soon: float, deadline: float) -> None:
+        """Until our records are saved, by ``soon``; if the logger dies meanwhile and the
+        owner restarts it, until its successor has them, by ``deadline``."""
+        waiting_for_a_restart = False
         while self._replay:
-            left = deadline - time.monotonic()
+            left = (deadline if waiting_for_a_restart else soon) - time.monotonic()
             if left <= 0:
                 return
             if self._read_reply(min(left, 0.05)) is None and not self.logger_alive():
-                return
+                if not self._restarted:
+                    return
+                waiting_for_a_restart = True
+                self._poke()
+
+    def _poke(self) -> None:
+        """An empty batch (a heartbeat) now and then while the logger's pid is gone and a new
+        one may come: the only way a new logger hears of a stream that has nothing left to
+        send (a closing one), and answers it with REHELLO (lock held)."""
+        now = time.monotonic()
+        if now - self._last_sent >= _POKE_INTERVAL:
+            self._sock.try_send(codec.encode_batch(self._seq, []))
+            self._last_sent = now
 
     def _report_loss(self, alive: bool, received: int | None) -> None:
         who = f"rank {self._rank_text()}"
