@@ -113,6 +113,7 @@ def test_the_projects_matrix_loads_with_every_program_in_place() -> None:
         "torchrun-rank-raises",
         "torchrun-sigterm",
         "torchrun-rank-killed",
+        "torchrun-logger-killed",
     }
     with pytest.raises(ValueError, match="no scenario matches"):
         select(scenarios, ["no-such-scenario"])
