@@ -1014,6 +1014,12 @@ def main() -> int:
             stats = logger.final_stats or logger.stats()
             sock.reply(receiver.closer, codec.encode_done(Done(stats)))
         if not receiver.is_alive():
+            if logger.final_stats is not None:
+                # The run is finished and its wandb-core shut down: everything taken in is
+                # in the file or counted. Every rank still listening may forget its records
+                # (a closing one would otherwise wait for a successor that never comes).
+                for identity, frame in receiver.everything_saved():
+                    sock.reply(identity, frame)
             sock.close()
         # The owner removes the directory once it has read what is left there for it (the
         # run's info: it opened in the background); with the owner gone, nobody else will.

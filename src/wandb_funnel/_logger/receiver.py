@@ -214,6 +214,13 @@ class Receiver(threading.Thread):
         """Records taken in from every stream so far (safe from another thread)."""
         return sum(p.received for p in list(self._peers.values()))
 
+    def everything_saved(self) -> list[tuple[bytes, bytes]]:
+        """A ``Saved`` for every stream up to what it sent (once the run is finished)."""
+        return [
+            (identity, codec.encode_saved(Saved(peer.next_seq)))
+            for identity, peer in list(self._peers.items())
+        ]
+
     def used_ranks(self) -> set[int]:
         """Every rank handed out so far (safe from another thread)."""
         return set(self._used_ranks)
