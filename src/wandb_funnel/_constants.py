@@ -112,6 +112,9 @@ LOGGER_RESTART_WINDOW: Final = 600.0
 # A closing rank whose goodbye the logger received waits up to this long for word that its
 # last records are on disk (they are lost if the logger dies before, with the rank gone).
 SAVED_WAIT: Final = 1.0
+# A closing rank whose logger died waits this long for its successor (the owner restarts it),
+# past its own exit timeout: a restart takes seconds, more on a loaded machine.
+RESTART_WAIT: Final = 30.0
 # How long Run.rank waits for the logger's WELCOME.
 WELCOME_TIMEOUT: Final = 10.0
 

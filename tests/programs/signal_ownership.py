@@ -110,9 +110,11 @@ def land_inside_funnel(land: str, signum: int) -> None:
     else:
         await_ack = stream.Stream._await_ack
 
-        def await_ack_and_fire(self: stream.Stream, deadline: float) -> int | None:
+        def await_ack_and_fire(
+            self: stream.Stream, deadline: float, restart_deadline: float | None = None
+        ) -> int | None:
             fire()
-            return await_ack(self, deadline)
+            return await_ack(self, deadline, restart_deadline)
 
         stream.Stream._await_ack = await_ack_and_fire  # type: ignore[method-assign]
 

@@ -31,6 +31,7 @@ from wandb_funnel._constants import (
     FINAL_FLUSH_TIMEOUT,
     FLUSH_INTERVAL,
     HEARTBEAT_INTERVAL,
+    RESTART_WAIT,
     SAVED_WAIT,
     SEND_HWM,
 )
@@ -305,12 +306,17 @@ class Stream:
             said_goodbye = self._sock.send_within(goodbye, left())
             if said_goodbye:
                 self._goodbye = goodbye
+            # Past our own timeout, for a logger that died and is being replaced: a restart
+            # takes seconds, more on a loaded machine (8 s seen at 4 jobs on 2 cores).
+            restart_deadline = max(deadline, time.monotonic() + RESTART_WAIT)
             if said_goodbye and not alive and self._replay and self._restarted:
                 # Its pid is gone, but the owner is starting a new one that asks us to resend
-                # what was not saved: wait for that, within our timeout (a new logger answers
-                # us with a REHELLO, and then its Ack).
+                # what was not saved: wait for that (a new logger answers us with a REHELLO,
+                # and then its Ack).
                 alive = True
-            received = self._await_ack(deadline) if said_goodbye and alive else None
+            received = (
+                self._await_ack(deadline, restart_deadline) if said_goodbye and alive else None
+            )
             if received is None:
                 alive = self.logger_alive()  # no new logger came (past the restart bound)
             if received is not None and self._replay:
@@ -318,7 +324,7 @@ class Stream:
                 # last rows would lose them with us gone. A moment more (bounded) until the
                 # logger says they are on disk (if it dies meanwhile, until its successor
                 # has them, within our timeout).
-                self._await_saved(min(deadline, time.monotonic() + SAVED_WAIT), deadline)
+                self._await_saved(min(deadline, time.monotonic() + SAVED_WAIT), restart_deadline)
             self.closed = True
             # Once the logger confirmed receipt nothing is queued; otherwise a bounded linger
             # lets what is still queued leave (none when the logger is known dead).
@@ -329,7 +335,9 @@ class Stream:
             _unregister(self)
             console.forget(self)
 
-    def _await_ack(self, deadline: float) -> int | None:
+    def _await_ack(self, deadline: float, restart_deadline: float | None = None) -> int | None:
+        """The logger's receipt, by ``deadline``; if its pid is gone and the owner restarts
+        it, by ``restart_deadline``, poking the address so that its successor hears of us."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -340,6 +348,8 @@ class Stream:
             if ack is None and not self.logger_alive():
                 if not (self._replay and self._restarted):
                     return None
+                if restart_deadline is not None:
+                    deadline = max(deadline, restart_deadline)
                 self._poke()
 
     def _await_saved(self, soon: float, deadline: float) -> None:
