@@ -70,6 +70,7 @@ class Supervisor:
         self.restarts = 0
         self.gave_up = False
         self._start_failed: str | None = None  # why the last new logger did not start
+        self._abandoned = False  # the close went on without waiting for a restart
         self._thread: threading.Thread | None = None
         if max_restarts > 0:
             self._thread = threading.Thread(
@@ -84,6 +85,7 @@ class Supervisor:
         self._stopped.set()
         deadline = time.monotonic() + max(0.0, timeout)
         if not self._lock.acquire(timeout=max(0.0, timeout)):
+            self._abandoned = True  # a logger started after this is killed at once
             return self.logger
         try:
             if self._max > 0 and not self.gave_up and self.logger.returncode is not None:
@@ -145,6 +147,9 @@ class Supervisor:
             _say(f"the new logger did not start: {exc}")
             return True  # the watch sees it dead, and tries again within the bound
         self._start_failed = None
+        if self._abandoned:  # the funnel closed meanwhile: nobody would ever close it
+            logger.kill()
+            return False
         self.logger = logger
         self._on_restart(logger)
         _say(f"a new logger (pid {logger.pid}) took over in {time.monotonic() - began:.1f}s")

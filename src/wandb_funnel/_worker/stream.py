@@ -309,7 +309,7 @@ class Stream:
             # Past our own timeout, for a logger that died and is being replaced: a restart
             # takes seconds, more on a loaded machine (8 s seen at 4 jobs on 2 cores).
             restart_deadline = max(deadline, time.monotonic() + RESTART_WAIT)
-            if said_goodbye and not alive and self._replay and self._restarted:
+            if said_goodbye and not alive and self._may_be_restarted():
                 # Its pid is gone, but the owner is starting a new one that asks us to resend
                 # what was not saved: wait for that (a new logger answers us with a REHELLO,
                 # and then its Ack).
@@ -346,7 +346,7 @@ class Stream:
             if isinstance(ack, Ack):
                 return ack.received
             if ack is None and not self.logger_alive():
-                if not (self._replay and self._restarted):
+                if not self._may_be_restarted():
                     return None
                 if restart_deadline is not None:
                     deadline = max(deadline, restart_deadline)
@@ -361,10 +361,20 @@ class Stream:
             if left <= 0:
                 return
             if self._read_reply(min(left, 0.05)) is None and not self.logger_alive():
-                if not self._restarted:
+                if not self._may_be_restarted():
                     return
                 waiting_for_a_restart = True
                 self._poke()
+
+    def _may_be_restarted(self) -> bool:
+        """Whether a new logger may still come for our unsaved records: restarts are on and
+        the funnel's socket is still there (the owner removes it when the funnel closes: a
+        rank logging after that waits for nobody)."""
+        if not (self._replay and self._restarted):
+            return False
+        if self.endpoint.startswith("ipc://"):
+            return os.path.exists(self.endpoint[len("ipc://") :])
+        return True
 
     def _poke(self) -> None:
         """An empty batch (a heartbeat) now and then while the logger's pid is gone and a new
