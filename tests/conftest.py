@@ -3,6 +3,7 @@ whose every descendant (logger, wandb-core, workers) must be gone when the test 
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import pathlib
 import signal
@@ -10,7 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,6 +162,17 @@ def program(name: str) -> pathlib.Path:
     return path
 
 
+def side_by_side(*jobs: Callable[[], Any]) -> list[Any]:
+    """Run independent jobs at the same time and return their results in order (the first
+    error raised, once all have ended). A comparison's plain-wandb run and the funnel's run
+    share nothing (each its own directory, environment and processes): side by side, the
+    two take little more than one on a 2-core box."""
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(job) for job in jobs]
+        concurrent.futures.wait(futures)
+        return [future.result() for future in futures]
+
+
 def reports(stdout: str) -> dict[str, Any]:
     """Merge every ``REPORT {json}`` line a scenario printed."""
     import json
@@ -279,6 +291,10 @@ class _Sample:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from tests.tiers import FULL_RUN_ENV
+
+    if config.getoption("--full") or "full" in (config.option.markexpr or ""):
+        os.environ[FULL_RUN_ENV] = "1"
     seed, box = config.getoption("--sample-seed"), config.getoption("--time-box")
     if seed is not None or box is not None:
         config.pluginmanager.register(_Sample(seed, box), "wandb-funnel-sample")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PROGRAMS, Scripts, leftover_processes
+from tests.conftest import PROGRAMS, Scripts, leftover_processes, side_by_side
 from tests.wandb_reader import WandbRun, find_runs
 
 pytestmark = [pytest.mark.processes, pytest.mark.frameworks, pytest.mark.timeout(600)]
@@ -117,9 +117,10 @@ VARIANTS: dict[str, Callable[[list[str]], tuple[list[str], dict[str, str]]]] = {
 def test_client_through_the_funnel_keeps_everything_plain_wandb_had(
     client: str, variant: str, scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    plain = _plain(client, tmp_path_factory)
     argv, env = VARIANTS[variant](_command(client, scripts.tmp_path))
-    funnel = _run(scripts, argv, env)
+    plain, funnel = side_by_side(
+        lambda: _plain(client, tmp_path_factory), lambda: _run(scripts, argv, env)
+    )
     assert funnel.summary.get("funnel/records", 0) > 0, "the run did not go through the funnel"
     _compare(plain, funnel, CLIENTS[client])
     assert not leftover_processes(scripts.mark), leftover_processes(scripts.mark)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PROGRAMS, Scripts, leftover_processes, program, reports
+from tests.conftest import PROGRAMS, Scripts, leftover_processes, program, reports, side_by_side
 from tests.wandb_reader import WandbRun, find_runs
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(400)]
@@ -112,9 +112,11 @@ def test_one_process_gets_plain_wandbs_tensorboard_history_files_and_tbrecords(
 ) -> None:
     env = {"CLIENT_TBX": "1"} if writer == "tensorboardX" else {}
     argv = [sys.executable, str(PROGRAMS / "client_tensorboard.py")]
-    (plain,) = _plain(f"tb-{writer}", argv, env, tmp_path_factory)
     command, extra = VARIANTS[variant](argv)
-    (funnel,) = _run(scripts, command, {**env, **extra})
+    (plain,), (funnel,) = side_by_side(
+        lambda: _plain(f"tb-{writer}", argv, env, tmp_path_factory),
+        lambda: _run(scripts, command, {**env, **extra}),
+    )
     _compare_one(plain, funnel)
     # Two directories: wandb names each one's keys by it (train/loss, eval/loss).
     assert {"train/loss", "eval/loss", "train/accuracy"} <= set(columns(funnel))

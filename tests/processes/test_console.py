@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import PROGRAMS, Scripts, leftover_processes, reports
+from tests.conftest import PROGRAMS, Scripts, leftover_processes, reports, side_by_side
 from tests.wandb_reader import WandbRun, only_run
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
@@ -48,7 +48,10 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
     in the order it wrote them; the terminal still shows them unlabelled; the run records the
     user's script and arguments, as plain wandb in rank 0 does, and every record type plain
     wandb writes."""
-    proc, run = _run(scripts, "talk")
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
+    (proc, run), (plain_proc, plain) = side_by_side(
+        lambda: _run(scripts, "talk"), lambda: _run(plain_scripts, "talk", "--plain")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     console = _console(run)
     for rank in (0, 1):
@@ -73,7 +76,6 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
     assert run.summary["funnel/console_lines"] >= 12
     assert run.summary["funnel/dropped_console_lines"] == 0
 
-    plain_proc, plain = _run(Scripts(tmp_path_factory.mktemp("plain")), "talk", "--plain")
     assert run.environment["program"] == plain.environment["program"]
     assert run.environment["program"].endswith("console.py")
     same = ("program", "code_path", "code_path_local", "executable", "python")

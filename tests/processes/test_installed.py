@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PROGRAMS, Scripts, leftover_processes, program, reports
+from tests.conftest import PROGRAMS, Scripts, leftover_processes, program, reports, side_by_side
 from tests.wandb_reader import WandbRun, find_runs
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
@@ -36,8 +36,10 @@ def _surface(scripts: Scripts, *args: str) -> tuple[dict[str, Any], WandbRun]:
 def test_the_wandb_api_through_the_funnel_matches_plain_wandb(
     scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    seen, funnel = _surface(scripts)
-    plain_seen, plain = _surface(Scripts(tmp_path_factory.mktemp("plain")), "--plain")
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
+    (seen, funnel), (plain_seen, plain) = side_by_side(
+        lambda: _surface(scripts), lambda: _surface(plain_scripts, "--plain")
+    )
     # What the script saw: wandb.run before and after, the run's properties, config access.
     assert seen == plain_seen
     assert seen["name"] == "surface-run" and seen["change_without_allow"] == "ConfigError"

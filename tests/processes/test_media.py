@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Scripts, leftover_processes, program, reports
+from tests.conftest import Scripts, leftover_processes, program, reports, side_by_side
 from tests.wandb_reader import WandbRun, only_run
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
@@ -54,9 +54,10 @@ def test_wandbs_media_through_install_are_recorded_as_plain_wandb_records_them(
     Histogram, Html, Audio, Video and five wandb.plot charts, logged by plain wandb code with
     install(): the same history fields and values (file names carry the content hash, so
     equal names are equal files), the same media files, the same chart config."""
-    _, funnel, funnel_dir = _run(scripts, "wandb-objects-run")
-    _, plain, plain_dir = _run(
-        Scripts(tmp_path_factory.mktemp("plain")), "wandb-objects-run", "--plain"
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
+    (_, funnel, funnel_dir), (_, plain, plain_dir) = side_by_side(
+        lambda: _run(scripts, "wandb-objects-run"),
+        lambda: _run(plain_scripts, "wandb-objects-run", "--plain"),
     )
     assert funnel.summary["funnel/records"] == 2 and funnel.summary["funnel/dropped_media"] == 0
     got, want = _media_cells(funnel), _media_cells(plain)
@@ -111,8 +112,10 @@ def test_the_light_types_are_recorded_exactly_as_wandbs_classes(
 ) -> None:
     """wf.Image (array, grayscale, file), wf.Table with wf.Image cells and wf.Histogram give
     the very records wandb.Image/Table/Histogram give plain wandb: same fields, same hashes."""
-    _, funnel, funnel_dir = _run(scripts, "light-types")
-    _, plain, plain_dir = _run(Scripts(tmp_path_factory.mktemp("plain")), "light-types", "--plain")
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
+    (_, funnel, funnel_dir), (_, plain, plain_dir) = side_by_side(
+        lambda: _run(scripts, "light-types"), lambda: _run(plain_scripts, "light-types", "--plain")
+    )
     got = _media_cells(funnel)
     assert got == _media_cells(plain)
     assert got[0]["image._type"] == "image-file" and got[0]["table.nrows"] == 3
@@ -238,9 +241,10 @@ def test_watch_artifacts_and_save_from_any_rank_as_plain_wandb_records_them(
     wandb; log_artifact of a directory and of a wandb.Artifact, and wandb.save, give the same
     artifact records (name, type, aliases, entries) and saved files; a spawned child's
     artifacts and saved file land in the same run."""
-    seen, funnel, funnel_dir = _run(scripts, "files-and-watch")
-    _, plain, plain_dir = _run(
-        Scripts(tmp_path_factory.mktemp("plain")), "files-and-watch", "--plain"
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
+    (seen, funnel, funnel_dir), (_, plain, plain_dir) = side_by_side(
+        lambda: _run(scripts, "files-and-watch"),
+        lambda: _run(plain_scripts, "files-and-watch", "--plain"),
     )
     assert seen["child_exit"] == 0
 

@@ -33,7 +33,7 @@ def _gone(report: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(300)
 def test_a_users_command_gets_its_faults_and_a_report(tmp_path: pathlib.Path) -> None:
-    command = [sys.executable, str(PROGRAM), "--seconds", "4"]
+    command = [sys.executable, str(PROGRAM), "--seconds", "3"]
     rc, report = _soak(
         tmp_path,
         "--fault",
