@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import wandb_funnel as wf
-from wandb_funnel._logger.media import MediaFiles, has_media
+from wandb_funnel._logger.media import MediaFiles, count_media, has_media
 from wandb_funnel._logger.ordering import Row
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._protocol import codec
@@ -116,6 +116,9 @@ def test_a_media_record_carries_descriptors_and_the_files_lie_staged(
     cell = data["t"].desc["data"][0][1]
     assert isinstance(cell, MediaRef) and cell.files() == [os.path.basename(staged[0])]
     assert sorted(data["t"].files() + img.files()) == sorted(map(os.path.basename, staged))
+    # as a sink counts them (the table, its image cell, the image); a rank's drop is not one
+    assert count_media(data) == 3
+    assert count_media({"x": [MediaRef({"k": "dropped", "what": "Image"}), 1.0]}) == 0
 
 
 def test_a_refused_record_takes_its_staged_files_back(tmp_path: pathlib.Path) -> None:

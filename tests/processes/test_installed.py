@@ -65,15 +65,15 @@ def test_install_holds_in_every_kind_of_child_process(scripts: Scripts) -> None:
     assert not result.leftovers, result.leftovers
     installed = reports(result.stdout)["installed"]
     assert installed == {
-        "spawn": [True] * 4,
-        "forkserver": [True] * 4,
-        "fork": [True] * 4,
+        "spawn": [True] * 2,
+        "forkserver": [True] * 2,
+        "fork": [True] * 2,
         "dataloader-spawn": [True] * 2,
     }
     run = find_runs(scripts.wandb_dir)
     assert len(run) == 1  # every child's wandb.init joined the owner's run
     values = sorted(v for _, v in run[0].column("child"))
-    assert values == [0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23]
+    assert values == [0, 1, 10, 11, 20, 21]
     assert run[0].summary["funnel/dropped_records"] == 0
 
 

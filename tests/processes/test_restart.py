@@ -67,6 +67,28 @@ def test_a_killed_logger_or_wandb_core_costs_no_step(scripts: Scripts, kill: str
     assert res.leftovers == []
 
 
+def test_a_rank_far_behind_when_the_logger_dies_loses_nothing(scripts: Scripts) -> None:
+    """Worker 2 attaches 1.5 s after worker 1 (its records are late: worker 1's rows of its
+    steps are written already), and the logger is SIGKILLed once worker 2 is past step 100.
+    The dead logger's last rows hold steps worker 2 had not logged yet: its resent records of
+    those steps are not in the run and must be written, not skipped as duplicates (they were,
+    silently, found on the GPU machine: 29 steps of worker 2 missing, none counted)."""
+    args = ["kill-mid-run", "--kill", "logger", "--lag", "1.5", "--at", "100"]
+    res = scripts.run_file(RESTART, args, timeout=120)
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["workers_exit"] == [0, 0] and info["restarts"] == 1
+    run = _the_run(scripts, info)
+    for worker in ("w1", "w2"):  # late rows repeat a step: each worker's records, once
+        seen = collections.Counter(row["global_step"] for row in run.history if worker in row)
+        missing = sorted(set(range(STEPS)) - set(seen))
+        twice = sorted(step for step, n in seen.items() if n > 1)
+        assert not missing and not twice, f"{worker}: missing {missing[:30]}, twice {twice[:20]}"
+    assert run.summary["funnel/records"] == 2 * STEPS
+    assert run.summary["funnel/dropped_records"] == 0
+    assert res.leftovers == []
+
+
 def test_images_of_rows_not_yet_saved_survive_the_logger(scripts: Scripts) -> None:
     """Each worker logs an image every 10 steps. The logger is SIGKILLed mid-run: the images
     of rows it wrote but had not seen saved are still staged (a second name until the row is

@@ -147,12 +147,13 @@ def children(args: argparse.Namespace) -> None:
     wandb.init(project="children")
     installed: dict[str, list[bool]] = {}
     for i, method in enumerate(("spawn", "forkserver", "fork")):
-        with mp.get_context(method).Pool(2) as pool:
-            installed[method] = pool.map(child, range(i * 10, i * 10 + 4))
+        # one child of each kind, twice: each kind's child once, and a child that logs again
+        with mp.get_context(method).Pool(1) as pool:
+            installed[method] = pool.map(child, range(i * 10, i * 10 + 2))
 
     loader: Any = torch.utils.data.DataLoader(
         Probe(),  # type: ignore[arg-type]  # map-style: __getitem__ and __len__ are enough
-        num_workers=2,
+        num_workers=1,
         multiprocessing_context="spawn",
         batch_size=None,
     )

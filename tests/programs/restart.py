@@ -1,10 +1,12 @@
 """The owner processes of tests/processes/test_restart.py: a part of the funnel dies mid-run.
 
     python restart.py kill-mid-run --kill logger|core|owner|none [--times N] [--max-restarts N]
+        [--lag S] [--at STEP]
 
-Two spawn workers log ``{"loss", "w<i>"}`` at each of ``--steps`` steps, ``--delay`` apart.
-Once both are past step 150 the owner SIGKILLs the logger, the logger's wandb-core, or
-itself, as an OOM kill would; a later kill waits for the new logger, and 50 more steps.
+Two spawn workers log ``{"loss", "w<i>"}`` at each of ``--steps`` steps, ``--delay`` apart
+(worker 2 attaches ``--lag`` seconds after worker 1: far behind it, its records are late).
+Once both are past step ``--at`` (150) the owner SIGKILLs the logger, the logger's wandb-core,
+or itself, as an OOM kill would; a later kill waits for the new logger, and 50 more steps.
 It REPORTs what it killed and, if it lives, the funnel's accounting; the test reads every
 segment of the run.
 """
@@ -25,7 +27,10 @@ import wandb_funnel as wf
 scenario = Scenarios(__doc__)
 
 
-def work(i: int, progress: Any, steps: int, delay: float, media: bool = False) -> None:
+def work(
+    i: int, progress: Any, steps: int, delay: float, media: bool = False, lag: float = 0.0
+) -> None:
+    time.sleep(lag)
     run = wf.init()  # attaches to the owner's funnel (its address is in the environment)
     for step in range(steps):
         data: dict[str, Any] = {"loss": step * 0.1, f"w{i}": step}
@@ -83,6 +88,8 @@ def _wait(cond: Any, what: str, timeout: float = 60.0) -> None:
     option("--delay", type=float, default=0.005),
     option("--max-restarts", type=int, default=3),
     option("--media", action="store_true"),
+    option("--lag", type=float, default=0.0),
+    option("--at", type=int, default=150),
 )
 def kill_mid_run(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
@@ -90,13 +97,16 @@ def kill_mid_run(args: argparse.Namespace) -> None:
     with wf.Funnel(project="restart", max_logger_restarts=args.max_restarts) as funnel:
         report(run_id=funnel.run_id)
         workers = [
-            ctx.Process(target=work, args=(i, progress, args.steps, args.delay, args.media))
+            ctx.Process(
+                target=work,
+                args=(i, progress, args.steps, args.delay, args.media, args.lag * (i == 2)),
+            )
             for i in (1, 2)
         ]
         for worker in workers:
             worker.start()
         killed = []
-        at = 150
+        at = args.at
         for k in range(args.times if args.kill != "none" else 0):
             _wait(lambda at=at: min(progress[1], progress[2]) >= at, f"both workers at {at}")
             logger = funnel.logger_pid

@@ -13,7 +13,11 @@ every step exactly once. Two files in the funnel's private directory carry what 
 
 What the dead logger wrote after its last state (at most a flush interval of rows) is read
 from its segment's file itself: the steps of the rows there past the saved point
-(``sinks.steps_after``); resent records of those steps are in the run already, and skipped.
+(``sinks.steps_after``). A row's step does not say which ranks' records it holds (a rank far
+behind the others may have none in it), so a third file, ``logger-taken.json``, is written
+*before* any rows are handed to wandb: for each rank, the end of the records taken in so far
+(``taken``). A resent record of such a step is in the run already only if the dead logger had
+taken it in (its sequence number below ``taken``); every other resent record is written.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, NamedTuple
 
 STATE_FILE = "logger-state.json"
 RUN_DATA_FILE = "logger-run-data.json"
+TAKEN_FILE = "logger-taken.json"
 # The accounting a segment adds to the one before (the rest is counted afresh, or exact).
 ADDITIVE = (
     "funnel/dropped_records",
@@ -63,10 +68,20 @@ class Continuation(NamedTuple):
     # resent for them are counted as the run's (the state could not count them).
     steps_after_state: frozenset[Any]
     run_data: dict[str, Any]  # {"config", "summary", "metrics"}
+    # rank -> the dead logger had taken in its records below this, and no others: a resent
+    # record at or above it is in none of the dead logger's rows, whatever its step.
+    taken: dict[int, int]
 
     @classmethod
     def empty(cls) -> Continuation:
-        return cls(0, {}, set(), set(), [], {}, 0, 0, frozenset(), frozenset(), {})
+        return cls(0, {}, set(), set(), [], {}, 0, 0, frozenset(), frozenset(), {}, {})
+
+    def in_dead_rows(self, rank: int, end_seq: int, records: list[Any]) -> list[bool]:
+        """For resent ``records`` of ``rank`` (sequence numbers up to ``end_seq``, each
+        record's step first): which of them a row of the dead logger already holds."""
+        steps, taken = self.steps_after_saved, self.taken.get(rank, 0)
+        first = end_seq - len(records)
+        return [first + i < taken and r[0] in steps for i, r in enumerate(records)]
 
 
 def _read(path: str) -> dict[str, Any]:
@@ -91,6 +106,37 @@ def write_json(ipc_dir: str | None, name: str, data: dict[str, Any]) -> None:
         os.replace(path + ".tmp", path)
     except (OSError, TypeError, ValueError):
         pass
+
+
+class TakenNote:
+    """``TAKEN_FILE``: before each write of rows, rank -> the end of the records taken in. It
+    is rewritten in place with one ``pwrite`` (no new file, no rename: a write cycle must
+    pay microseconds for it, not the half millisecond ``write_json`` costs), padded with
+    spaces to the last length. A torn or unreadable file reads as nothing taken: the
+    successor then writes every resent record again (a duplicate at worst, never a loss)."""
+
+    def __init__(self, ipc_dir: str | None, generation: int) -> None:
+        self._path = os.path.join(ipc_dir, TAKEN_FILE) if ipc_dir else None
+        self._generation = generation
+        self._fd: int | None = None
+        self._length = 0
+
+    def write(self, taken: dict[int, int]) -> None:
+        if self._path is None:
+            return
+        data = json.dumps({"generation": self._generation, "taken": taken}).encode()
+        try:
+            if self._fd is None:  # opened at the first write: after the successor has read
+                self._fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.pwrite(self._fd, data.ljust(self._length), 0)
+        except OSError:
+            return  # the private directory is gone (the job is ending): nothing to resume
+        self._length = max(self._length, len(data))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _wait_until_final(segment: dict[str, Any]) -> None:
@@ -121,6 +167,10 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
 
     state = _read(os.path.join(ipc_dir, STATE_FILE))
     run_data = _read(os.path.join(ipc_dir, RUN_DATA_FILE))
+    taken_data = _read(os.path.join(ipc_dir, TAKEN_FILE))
+    taken: dict[int, int] = {}
+    if taken_data.get("generation") == generation - 1:  # the dead logger's, not an older one's
+        taken = {int(k): int(v) for k, v in (taken_data.get("taken") or {}).items()}
     segments: list[dict[str, Any]] = [s for s in state.get("segments") or [] if isinstance(s, dict)]
     current = state.get("segment")
     steps: frozenset[Any] = frozenset()
@@ -147,6 +197,7 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
         steps_after_saved=steps,
         steps_after_state=unstated,
         run_data=run_data,
+        taken=taken,
     )
 
 

@@ -43,6 +43,27 @@ def has_media(data: Any, depth: int = 0) -> bool:
 
 
 _CONTAINER_TYPES = frozenset(CONTAINERS)
+
+
+def count_media(data: Any, depth: int = 0) -> int:
+    """The media values in ``data`` as a sink counts them when it writes them (``logged``):
+    each MediaRef but a rank's counted drop, and those inside it (a table's image cells).
+    For records a restarted logger skips because the dead logger wrote them after its last
+    state: their media are the run's, and counted here."""
+    kind = type(data)
+    if depth > 32:
+        return 0
+    if kind is MediaRef:
+        if data.desc.get("k") == "dropped":
+            return 0
+        return 1 + sum(count_media(v, depth + 1) for v in data.desc.values())
+    if kind is dict:
+        return sum(count_media(v, depth + 1) for v in data.values())
+    if kind is list:
+        return sum(count_media(v, depth + 1) for v in data)
+    return 0
+
+
 _KEPT = ".kept"  # a staged file's second name while its row is not yet saved
 
 

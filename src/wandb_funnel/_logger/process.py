@@ -37,7 +37,7 @@ from wandb_funnel._constants import (
 from wandb_funnel._logger import continuity
 from wandb_funnel._logger.continuity import Continuation, RunData
 from wandb_funnel._logger.health import Health
-from wandb_funnel._logger.media import MediaFiles
+from wandb_funnel._logger.media import MediaFiles, count_media
 from wandb_funnel._logger.ordering import Reorderer
 from wandb_funnel._logger.receiver import (
     Attached,
@@ -111,6 +111,10 @@ class Logger:
         # Resent records whose rows the dead logger wrote after its last state: the run's,
         # and counted here (its state could not count them).
         self._duplicates = 0
+        # rank -> end of the records taken in; on disk before any row holding them is written
+        self._taken: dict[int, int] = {}
+        self._taken_on_disk: dict[int, int] = {}
+        self._taken_note = continuity.TakenNote(start.ipc_dir, self._before.generation)
         self._next_save = 0.0
         self._health = Health(start.options.stall_timeout)  # stalls, NaNs, stragglers
         self._started = float((start.program or {}).get("start_time") or time.time())
@@ -306,6 +310,8 @@ class Logger:
             for writer in self._writers.values():
                 if not writer.finished:
                     rows = writer.order.pop_ready(now, window_applies, _ROWS_PER_WAKE)
+                    if rows:
+                        self._note_taken()
                     self._look_at_values(rows)
                     writer.write(rows, self._write_deadline)
                     more_rows |= len(rows) >= _ROWS_PER_WAKE
@@ -367,14 +373,18 @@ class Logger:
             writer = self._writer_for(event.rank)
             records = event.records
             if event.replayed and self._before.steps_after_saved and records:
-                # Resent after a restart: rows the dead logger wrote after its last state
-                # are in the run already (their steps were read from its segment).
-                steps = self._before.steps_after_saved
-                kept = [r for r in records if r[0] not in steps]
-                if len(kept) < len(records):
+                # Resent after a restart: what the dead logger had taken in and wrote in rows
+                # past its last saved point is in the run already (the rows' steps were read
+                # from its segment); what it never took in is in none of its rows.
+                in_run = self._before.in_dead_rows(event.rank, event.end_seq, records)
+                if any(in_run):
                     unstated = self._before.steps_after_state
-                    self._duplicates += sum(1 for r in records if r[0] in unstated)
-                    records = kept
+                    pairs = list(zip(records, in_run, strict=True))
+                    for r, dup in pairs:
+                        if dup and r[0] in unstated:  # written after the dead one's state:
+                            self._duplicates += 1  # counted here, with its media
+                            writer.media.logged += count_media(r[2])
+                    records = [r for r, dup in pairs if not dup]
             top: int | None = None
             if not records:
                 pass
@@ -385,6 +395,7 @@ class Logger:
             else:
                 top = writer.order.add_batch(event.rank, records, now)
             writer.saves.batch(event.rank, event.end_seq, top, writer.rows)
+            self._taken[event.rank] = event.end_seq
             if records:
                 self._health.batch(event.rank, top, len(records), now)
             self._receiver.taken(len(event.records))
@@ -591,6 +602,14 @@ class Logger:
         if self._run_data.changed:
             self._run_data.changed = False
             continuity.write_json(self._ipc_dir, continuity.RUN_DATA_FILE, self._run_data.to_json())
+
+    def _note_taken(self) -> None:
+        """Before rows are handed to wandb: which records of each rank they may hold, for a
+        successor (``continuity.TAKEN_FILE``). Written only when a rank's point moved."""
+        if self._taken == self._taken_on_disk:
+            return
+        self._taken_on_disk = dict(self._taken)
+        self._taken_note.write(self._taken_on_disk)
 
     def _write_state(self) -> None:
         """What a successor needs (``_logger/continuity.py``), written before any rank is
