@@ -132,14 +132,21 @@ def ensure_venv(
 def _install(venv: pathlib.Path, requirements: pathlib.Path, deadline: float) -> None:
     if venv.exists():
         shutil.rmtree(venv)
+    # A venv without pip of its own (ensurepip alone took 8 s), filled by the test
+    # environment's pip; the requirements are a whole pip freeze, so no resolving (--no-deps),
+    # and no byte-compiling of what the server imports once: 26 s -> 15 s on 2 cores.
     steps = [
-        [sys.executable, "-m", "venv", str(venv)],
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
         [
-            str(venv / "bin" / "python"),
+            sys.executable,
             "-m",
             "pip",
+            "--python",
+            str(venv / "bin" / "python"),
             "install",
             "--disable-pip-version-check",
+            "--no-deps",
+            "--no-compile",
             "-r",
             str(requirements),
         ],

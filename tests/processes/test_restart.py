@@ -67,13 +67,15 @@ def test_a_killed_logger_or_wandb_core_costs_no_step(scripts: Scripts, kill: str
     assert res.leftovers == []
 
 
-def test_a_rank_far_behind_when_the_logger_dies_loses_nothing(scripts: Scripts) -> None:
+@pytest.mark.parametrize("kill", ["logger", "core"])
+def test_a_rank_far_behind_when_the_logger_dies_loses_nothing(scripts: Scripts, kill: str) -> None:
     """Worker 2 attaches 1.5 s after worker 1 (its records are late: worker 1's rows of its
-    steps are written already), and the logger is SIGKILLed once worker 2 is past step 100.
+    steps are written already), and the logger (or its wandb-core, which ends the logger
+    too) is SIGKILLed once worker 2 is past step 100.
     The dead logger's last rows hold steps worker 2 had not logged yet: its resent records of
     those steps are not in the run and must be written, not skipped as duplicates (they were,
     silently, found on the GPU machine: 29 steps of worker 2 missing, none counted)."""
-    args = ["kill-mid-run", "--kill", "logger", "--lag", "1.5", "--at", "100"]
+    args = ["kill-mid-run", "--kill", kill, "--lag", "1.5", "--at", "100"]
     res = scripts.run_file(RESTART, args, timeout=120)
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
