@@ -167,7 +167,8 @@ def test_packer_recovers_after_a_failure() -> None:
         msgpack.packb([1, 2, 0, 2**40]),  # huge declared count
         msgpack.packb([1, 2, 0, 1]) + msgpack.packb(["x", True, {}]),  # wrong type of step
         msgpack.packb([1, 2, 0, 1]) + msgpack.packb([1, True, {1: 2}]),  # int key
-        msgpack.packb([1, 1, "tok", "pid", "h", None, None]),  # wrong field type
+        msgpack.packb([1, 1, "tok", "pid", "h", None, None, None]),  # wrong field type
+        msgpack.packb([1, 1, "tok", 7, "h", None, None]),  # a hello of the old shape
         msgpack.packb([1, 77]),  # unknown kind
         msgpack.packb({"a": 1}),  # header not a list
         msgpack.packb([1, 5, 3, "x"]) + b"\x00",  # trailing bytes
