@@ -30,22 +30,28 @@ def test_a_resent_record_is_in_the_dead_rows_only_if_the_dead_logger_had_taken_i
     assert before.in_dead_rows(1, 15, [(25, True, {})]) == [False]
 
 
-def test_the_taken_points_are_read_only_from_the_dead_loggers_own_file(
+def test_the_taken_points_are_read_from_the_note_of_the_logger_whose_segment_is_read(
     tmp_path: pathlib.Path,
 ) -> None:
-    """A successor reads ``logger-taken.json`` of the logger it replaces (generation - 1);
-    a file left by an older logger says nothing of the dead one's rows: nothing is taken."""
+    """A successor reads ``logger-taken.json`` of the logger that wrote the state (whose
+    segment's last rows it reads): generation 0's, even for the third logger when the two
+    between were killed while they started (they wrote neither: found by the soak's
+    logger-killed-3x, 6 of 6 with duplicates); a note of another logger says nothing."""
     directory = str(tmp_path)
+    continuity.write_json(directory, continuity.STATE_FILE, {"generation": 0})
     continuity.write_json(directory, continuity.TAKEN_FILE, {"generation": 0, "taken": {1: 7}})
     assert continuity.resume(directory, 1, "global_step").taken == {1: 7}
-    assert continuity.resume(directory, 2, "global_step").taken == {}
+    assert continuity.resume(directory, 3, "global_step").taken == {1: 7}
     assert continuity.resume(directory, 0, "global_step").taken == {}  # the first logger
+    continuity.write_json(directory, continuity.STATE_FILE, {"generation": 1})
+    assert continuity.resume(directory, 2, "global_step").taken == {}
 
 
 def test_the_taken_note_is_rewritten_in_place_and_reads_back_whole(tmp_path: pathlib.Path) -> None:
     """The note is rewritten with one pwrite: a shorter note after a longer one still reads
     back as itself (padded), and a torn note reads as nothing taken (every record is written
     again: a duplicate at worst, never a loss)."""
+    continuity.write_json(str(tmp_path), continuity.STATE_FILE, {"generation": 0})
     note = continuity.TakenNote(str(tmp_path), 0)
     try:
         note.write({rank: 1_000_000 + rank for rank in range(50)})

@@ -167,9 +167,11 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
 
     state = _read(os.path.join(ipc_dir, STATE_FILE))
     run_data = _read(os.path.join(ipc_dir, RUN_DATA_FILE))
+    # The note of the logger whose segment the state names (not always generation - 1: a
+    # logger killed while it started wrote neither); another logger's says nothing of it.
     taken_data = _read(os.path.join(ipc_dir, TAKEN_FILE))
     taken: dict[int, int] = {}
-    if taken_data.get("generation") == generation - 1:  # the dead logger's, not an older one's
+    if "generation" in state and taken_data.get("generation") == state.get("generation"):
         taken = {int(k): int(v) for k, v in (taken_data.get("taken") or {}).items()}
     segments: list[dict[str, Any]] = [s for s in state.get("segments") or [] if isinstance(s, dict)]
     current = state.get("segment")
