@@ -323,7 +323,15 @@ class Logger:
                 self._next_health = now + _HEALTH_PERIOD
                 self._look_for_stalls(now)
                 self._write_status(now)
-            if self._supervised and self._closing is None and self._sink_lost():
+            # A close already asked (a signal that reached wandb-core too, as scancel's does)
+            # is not given up for a restart: the job is ending, and a new logger would not
+            # start within a scheduler's grace.
+            if (
+                self._supervised
+                and self._closing is None
+                and self._close.first() is None
+                and self._sink_lost()
+            ):
                 return EXIT_LOGGER_RESTART
             if self._orphaned and self._closing is None and not self._receiver.unfinished():
                 self._close.ask(EXIT_OWNER_LOST, None, "owner lost")
