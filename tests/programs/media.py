@@ -227,13 +227,16 @@ def flood(run: Any, ready: Any) -> None:
             ready.set()
 
 
-@scenario(option("--kill", choices=["rank", "logger"], required=True))
+@scenario(
+    option("--kill", choices=["rank", "logger"], required=True),
+    option("--max-restarts", type=int, default=3),
+)
 def killed(args: argparse.Namespace) -> None:
     """A rank logging images is SIGKILLed mid-flood, or the logger is, with media in flight:
     the funnel still closes, and nothing stays staged."""
     import wandb_funnel as wf
 
-    funnel = wf.Funnel(project="media", close_timeout=20)
+    funnel = wf.Funnel(project="media", close_timeout=20, max_logger_restarts=args.max_restarts)
     funnel.start()
     staging = os.path.join(os.path.dirname(funnel.address[len("ipc://") :]), "media")
     ctx = mp.get_context("spawn")
@@ -263,6 +266,7 @@ def killed(args: argparse.Namespace) -> None:
         staging_left=os.path.exists(staging),
         staged_before=staged_before,
         stats=funnel.stats,
+        run_id=funnel.run_id,
     )
 
 
