@@ -191,7 +191,9 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
                         running.add(pool.submit(work, job))
                     if not running:
                         break
-                    finished, running = wait(running, return_when=FIRST_COMPLETED)
+                    # With a timeout: a signal the kernel hands to another thread does not
+                    # wake a lock wait of the main thread, which alone runs the handler.
+                    finished, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
                     done.extend(it for f in finished if not (it := f.result()).aborted)
                     aborted += sum(f.result().aborted for f in finished)
             except BaseException:
