@@ -3,10 +3,12 @@ logic and files in a temporary directory, no processes."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 from wandb_funnel._logger import continuity
 from wandb_funnel._logger.continuity import Continuation
+from wandb_funnel.sinks import RECORD
 
 
 def _after(steps: set[int], taken: dict[int, int]) -> Continuation:
@@ -62,3 +64,30 @@ def test_the_taken_note_is_rewritten_in_place_and_reads_back_whole(tmp_path: pat
     path = tmp_path / continuity.TAKEN_FILE
     path.write_bytes(path.read_bytes()[:20])  # torn
     assert continuity.resume(str(tmp_path), 1, "global_step").taken == {}
+
+
+def test_media_of_rows_handed_to_wandb_that_never_reached_the_file_are_not_counted_twice(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The dead logger's state counted the media of each row it handed to wandb (5, of which
+    the last 3 rows were unsaved, holding 1, 0 and 2 media values), but its file holds only
+    the first of those 3 (wandb-core died before writing the others): their records are
+    resent and their media counted again by the successor, so the state's count loses them
+    (2). Records are counted the same way: those of the rows the file holds."""
+    segment = tmp_path / "segment.jsonl"
+    rows = [{"global_step": step} for step in range(3)]  # 2 saved rows, 1 unsaved
+    segment.write_text("".join(json.dumps({"kind": "row", "data": r}) + "\n" for r in rows))
+    state = {
+        "generation": 0,
+        "segment": {"kind": RECORD, "path": str(segment)},
+        "segment_unsaved_from": 2,
+        "records": 4,  # in the 2 saved rows
+        "recent_rows": [2, 1, 2],
+        "recent_media": [1, 0, 2],
+        "base": {"funnel/media": 5, "funnel/files": 1},
+    }
+    continuity.write_json(str(tmp_path), continuity.STATE_FILE, state)
+    before = continuity.resume(str(tmp_path), 1, "global_step")
+    assert before.base == {"funnel/media": 3, "funnel/files": 1}
+    assert before.records == 4 + 2 and before.rows == 3
+    assert before.steps_after_saved == frozenset({2})

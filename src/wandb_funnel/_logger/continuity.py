@@ -178,6 +178,7 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
     steps: frozenset[Any] = frozenset()
     unstated: frozenset[Any] = frozenset()
     records = int(state.get("records") or 0)
+    base = {k: int(v) for k, v in (state.get("base") or {}).items() if k in ADDITIVE}
     if isinstance(current, dict):
         _wait_until_final(current)
         unsaved_from = int(state.get("segment_unsaved_from") or 0)
@@ -186,6 +187,13 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
         segments.append({"segment": current, "rows": rows})
         recent = [int(n) for n in state.get("recent_rows") or []]
         records += sum(recent[: max(0, rows - unsaved_from)])
+        # The state counted the media of every row handed to wandb; those of rows its file
+        # does not hold (wandb-core died before writing them) are resent, and counted again.
+        lost_media = sum(
+            int(n) for n in (state.get("recent_media") or [])[max(0, rows - unsaved_from) :]
+        )
+        if lost_media and "funnel/media" in base:
+            base["funnel/media"] = max(0, base["funnel/media"] - lost_media)
         unstated = frozenset(s for s in after[len(recent) :] if isinstance(s, (int, float, str)))
     return Continuation(
         generation=generation,
@@ -193,7 +201,7 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
         ranks={int(r) for r in state.get("ranks") or []},
         active={int(r) for r in state.get("active") or []},
         segments=segments,
-        base={k: int(v) for k, v in (state.get("base") or {}).items() if k in ADDITIVE},
+        base=base,
         rows=sum(int(s.get("rows") or 0) for s in segments),
         records=records,
         steps_after_saved=steps,

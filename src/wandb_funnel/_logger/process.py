@@ -650,6 +650,9 @@ class Logger:
                 # the dead logger's records: these, plus those in the rows its file holds
                 records=self._before.records + self._duplicates + writer.records_before_recent,
                 recent_rows=list(writer.recent_rows),
+                # media per recent row: those of rows that never reached the file are in
+                # "base" but not in the run (a successor takes them off)
+                recent_media=list(writer.recent_media),
             )
         continuity.write_json(self._ipc_dir, continuity.STATE_FILE, state)
 

@@ -63,6 +63,7 @@ class RunWriter:
         # the rows before: a restarted logger counts the dead one's records from these and
         # the number of rows its file really holds.
         self.recent_rows: deque[int] = deque()
+        self.recent_media: deque[int] = deque()  # media values per row, as recent_rows
         self.recent_from = 0
         self.records_before_recent = 0
 
@@ -78,12 +79,14 @@ class RunWriter:
             with_media = any(has_media(part) for part in parts)
             if with_media:
                 self.media.keep(parts, self.rows)  # until the row is saved (a restart)
+            media_before = self.media.logged
             try:
                 # The sink makes the row's media refs into what it writes (sinks.refs).
                 self.sink.log(self._builder.build(row), self.media if with_media else None)
                 self.records += row.records
                 self.rows += 1
                 self.recent_rows.append(row.records)
+                self.recent_media.append(self.media.logged - media_before)
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
                 if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
                     self._broken = repr(exc)
@@ -103,6 +106,7 @@ class RunWriter:
         recent = self.recent_rows
         while self.recent_from < row and recent:
             self.records_before_recent += recent.popleft()
+            self.recent_media.popleft()
             self.recent_from += 1
 
     def records_in_rows(self, rows: int) -> int:
