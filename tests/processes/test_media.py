@@ -179,15 +179,18 @@ def test_a_kill_with_media_in_flight_leaves_nothing_staged(scripts: Scripts, kil
     run = runs[0]
     assert run.exit_code == 0
     assert run.summary["funnel/media"] == stats["funnel/media"]
-    assert any(row.get("img._type") == "image-file" for row in run.history)
+    images = sum(row.get("img._type") == "image-file" for row in run.history)
+    assert images > 0
     assert any(row.get("after") == 1 for row in run.history)  # logged after the kill
     if kill == "rank":
-        assert stats["funnel/dead_ranks"] == 1 and stats["funnel/media"] > 0
+        assert stats["funnel/dead_ranks"] == 1
+        assert stats["funnel/media"] == images  # one image a row, each counted once
         assert len(run.segments) == 1
     else:
-        # The flooding rank is killed before the successor is up, so it resends nothing:
-        # the images are those in the dead logger's rows (not counted again when the dead
-        # logger's last state predates them: docs/DESIGN.md, "Open").
+        # The flooding rank is killed about when the successor starts, so it resends little
+        # or nothing: images in the dead logger's rows past its last state are in the run
+        # but not counted (docs/DESIGN.md, "Open"); none is counted twice.
+        assert stats["funnel/media"] <= images
         assert stats["funnel/logger_restarts"] == 1
         assert len(run.segments) == 2, run.segments
 

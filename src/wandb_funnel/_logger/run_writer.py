@@ -86,7 +86,8 @@ class RunWriter:
                 self.records += row.records
                 self.rows += 1
                 self.recent_rows.append(row.records)
-                self.recent_media.append(self.media.logged - media_before)
+                # (a row wandb refused media of takes its keys off: never below none)
+                self.recent_media.append(max(0, self.media.logged - media_before))
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
                 if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
                     self._broken = repr(exc)
