@@ -101,24 +101,35 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
         # First Ctrl-C or SIGTERM: no new iterations; the running ones finish and the table
         # is written. A second one: the running iterations' jobs are killed (those are left
         # out of the table), then the table is written. A third Ctrl-C interrupts as usual.
+        # Flags only: the main loop says what they mean. A handler that prints can land
+        # inside another print to stderr (a write the signal interrupted) and die there of
+        # "reentrant call" (a second Ctrl-C's message never came, 2 of 3 full-tier runs).
         if aborting.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if stopping.is_set():
             abort_signal[0] = signal.Signals(signum)
             aborting.set()
+            return
+        stopping.set()
+
+    said: set[str] = set()
+
+    def say_what_the_signals_asked() -> None:
+        if stopping.is_set() and "stopping" not in said:
+            said.add("stopping")
+            print(
+                "stopping: finishing the running iterations, then writing the table "
+                "(again to abort them)",
+                file=sys.stderr,
+                flush=True,
+            )
+        if aborting.is_set() and "aborting" not in said:
+            said.add("aborting")
             print(
                 "aborting: killing the running iterations, then writing the table",
                 file=sys.stderr,
                 flush=True,
             )
-            return
-        stopping.set()
-        print(
-            "stopping: finishing the running iterations, then writing the table "
-            "(again to abort them)",
-            file=sys.stderr,
-            flush=True,
-        )
 
     def next_job() -> tuple[Scenario, int, bool] | None:
         with lock:
@@ -189,6 +200,7 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
                 while True:
                     while len(running) < args.jobs and (job := next_job()) is not None:
                         running.add(pool.submit(work, job))
+                    say_what_the_signals_asked()
                     if not running:
                         break
                     # With a timeout: a signal the kernel hands to another thread does not

@@ -449,10 +449,18 @@ def test_a_second_ctrl_c_aborts_the_soak_and_the_table_is_still_written(
     reader = threading.Thread(target=read_stderr)
     reader.start()
 
+    seen: list[str] = []
+
     def wait_for(prefix: str) -> None:  # a missing line fails in a minute, not a hang
         deadline = time.monotonic() + 60
-        while not stderr.get(timeout=max(0.0, deadline - time.monotonic())).startswith(prefix):
-            pass
+        while True:
+            try:
+                line = stderr.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"no {prefix!r} line in 60 s; exit {soak.poll()}; stderr: {seen}")
+            seen.append(line)
+            if line.startswith(prefix):
+                return
 
     ready: dict[str, Any] = {}
     try:
