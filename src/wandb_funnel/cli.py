@@ -101,9 +101,9 @@ def _soak(args: argparse.Namespace, chosen: list[Scenario], full_argv: list[str]
         # First Ctrl-C or SIGTERM: no new iterations; the running ones finish and the table
         # is written. A second one: the running iterations' jobs are killed (those are left
         # out of the table), then the table is written. A third Ctrl-C interrupts as usual.
-        # Flags only: the main loop says what they mean. A handler that prints can land
-        # inside another print to stderr (a write the signal interrupted) and die there of
-        # "reentrant call" (a second Ctrl-C's message never came, 2 of 3 full-tier runs).
+        # Flags only: the main loop says what they mean (a handler that prints can land
+        # inside another write to stderr; suspected, not shown, where a second Ctrl-C's
+        # message never came in 2 of 3 full-tier runs: docs/DESIGN.md "Open").
         if aborting.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if stopping.is_set():

@@ -86,7 +86,7 @@ class RunWriter:
                 self.records += row.records
                 self.rows += 1
                 self.recent_rows.append(row.records)
-                # (a row wandb refused media of takes its keys off: never below none)
+                # (a row whose media wandb refused takes its keys off: never below 0)
                 self.recent_media.append(max(0, self.media.logged - media_before))
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
                 if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
