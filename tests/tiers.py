@@ -30,10 +30,10 @@ GATE: frozenset[str] = frozenset(
         "online/test_funnel_online.py::test_a_server_that_never_answers_costs_no_rank_any_time_and_no_row",
         # testing.capture_run, as a user's test runs it
         "processes/test_capture.py::test_a_users_test_gets_every_row_without_wandb",
-        # console (output_raw) and system metrics (stats), against plain wandb (a job where only
-        # rank 0 calls wandb: full tier; its ordering rule is test_ordering's)
+        # console (output_raw) and system metrics (stats, each rank's, sampled in the same job),
+        # against plain wandb (a job where only rank 0 calls wandb: full tier; its ordering
+        # rule is test_ordering's; ranks busy while sampled: full tier)
         "processes/test_console.py::test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_script",
-        "processes/test_console.py::test_every_ranks_system_metrics_carry_its_label",
         # torchrun: two nodes (auto, and new mode per worker), one node (a rank that raises;
         # 4 ranks: test_health's; SIGTERM to torchrun: the soak's torchrun-sigterm scenario)
         "processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes[auto-global-runs0]",

@@ -45,9 +45,9 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
 ) -> None:
     """Both ranks' prints, stderr lines, warnings, logging records and a \\r progress bar are
     in the run's output_raw records, each line labelled with its rank, and each rank's lines
-    in the order it wrote them; the terminal still shows them unlabelled; the run records the
-    user's script and arguments, as plain wandb in rank 0 does, and every record type plain
-    wandb writes."""
+    in the order it wrote them; the terminal still shows them unlabelled; each rank's system
+    metrics are in the run, labelled with its rank; the run records the user's script and
+    arguments, as plain wandb in rank 0 does, and every record type plain wandb writes."""
     plain_scripts = Scripts(tmp_path_factory.mktemp("plain"))
     (proc, run), (plain_proc, plain) = side_by_side(
         lambda: _run(scripts, "talk"), lambda: _run(plain_scripts, "talk", "--plain")
@@ -71,6 +71,7 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
         order = [i for i, line in enumerate(mine) if "stdout line" in line or "progress 2" in line]
         assert len(order) == 2 and order == sorted(order)
     assert "[rank 0] " not in proc.stdout and "stdout line of rank 0" in proc.stdout
+    _every_ranks_system_metrics_are_labelled(run)  # sampled while the ranks talked
     streams = {r["output_type"] for r in run.output_raw}
     assert streams == {"STDOUT", "STDERR"}
     assert run.summary["funnel/console_lines"] >= 12
@@ -168,9 +169,15 @@ def test_a_console_flood_is_bounded_and_every_line_counted(scripts: Scripts) -> 
 def test_every_ranks_system_metrics_carry_its_label(scripts: Scripts) -> None:
     """With x_stats_sampling_interval=0.5, each rank samples its process tree: the run's stats
     records carry cpu and memory keys labelled /l:rank0-<host> and /l:rank1-<host>, as
-    wandb labels a writer's (x_label), beside the logger's own (unlabelled) samples."""
+    wandb labels a writer's (x_label), beside the logger's own (unlabelled) samples. (The
+    gate checks the same in the console test's job, sampled while its ranks talk and sleep;
+    this job keeps its ranks busy.)"""
     proc, run = _run(scripts, "stats")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    _every_ranks_system_metrics_are_labelled(run)
+
+
+def _every_ranks_system_metrics_are_labelled(run: WandbRun) -> None:
     keys = {k for item in run.stats for k in item}
     for rank in (0, 1):
         mine = {k.split("/l:")[0] for k in keys if f"/l:rank{rank}-" in k}

@@ -4,8 +4,10 @@ prints, warns and logs must reach the run's Logs tab, labelled with its rank.
     torchrun --nproc-per-node 2 --standalone console.py BEHAVIOUR [--plain]
 
 BEHAVIOUR: ``talk`` (each rank prints, warns, logs with ``logging`` and draws a ``\\r``
-progress bar, logs metrics), ``raise`` (the same, then rank 1 raises), ``flood`` (rank 1
-prints ``--lines`` lines as fast as it can). ``--plain``: plain wandb in rank 0 only.
+progress bar, logs metrics; through the funnel, it also samples its system metrics twice a
+second for 2.5 s), ``stats`` (the ranks busy for 2.5 s, sampled twice a second), ``raise``
+(the same as talk, then rank 1 raises), ``flood`` (rank 1 prints ``--lines`` lines as fast
+as it can). ``--plain``: plain wandb in rank 0 only.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def main() -> None:
     else:
         import wandb_funnel as wf
 
-        settings = {"x_stats_sampling_interval": 0.5} if args.behaviour == "stats" else None
+        sample = args.behaviour in ("talk", "stats")  # every rank's system metrics, twice a second
+        settings = {"x_stats_sampling_interval": 0.5} if sample else None
         run = wf.init(project="console", name="console", settings=settings)
     dist.barrier()
     if args.behaviour == "stats":
@@ -69,6 +72,9 @@ def main() -> None:
                 sys.stdout.write(f"flood {i}\n")
     else:
         talk(run, rank)
+        if args.behaviour == "talk" and not args.plain:
+            time.sleep(2.5)  # a few samples of each rank's metrics (asleep: a side-by-side
+            # plain job keeps the CPU; the stats behaviour keeps the ranks busy instead)
     if args.behaviour == "raise":
         if rank == 1:
             raise RuntimeError("rank 1 gives up")

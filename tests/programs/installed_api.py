@@ -7,6 +7,7 @@ that a test can compare the two runs as wandb wrote them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import multiprocessing as mp
 import os
@@ -146,18 +147,28 @@ def children(args: argparse.Namespace) -> None:
 
     wandb.init(project="children")
     installed: dict[str, list[bool]] = {}
-    for i, method in enumerate(("spawn", "forkserver", "fork")):
-        # one child of each kind, twice: each kind's child once, and a child that logs again
-        with mp.get_context(method).Pool(1) as pool:
-            installed[method] = pool.map(child, range(i * 10, i * 10 + 2))
-
     loader: Any = torch.utils.data.DataLoader(
         Probe(),  # type: ignore[arg-type]  # map-style: __getitem__ and __len__ are enough
         num_workers=1,
         multiprocessing_context="spawn",
         batch_size=None,
     )
-    installed["dataloader-spawn"] = [bool(b) for b in loader]
+    # Every child starts (and imports wandb, which is where install() takes hold) at once,
+    # side by side; they log one kind after another, so that their steps come in order.
+    with contextlib.ExitStack() as pools:
+        started = {
+            method: pools.enter_context(
+                mp.get_context(method).Pool(
+                    1, initializer=importlib.import_module, initargs=("wandb",)
+                )
+            )
+            for method in ("fork", "spawn", "forkserver")  # fork before any pool's threads
+        }
+        items = iter(loader)  # its worker starts and fetches now, logging nothing
+        for i, method in enumerate(("spawn", "forkserver", "fork")):
+            # one child of each kind, twice: each kind's child once, and a child that logs again
+            installed[method] = started[method].map(child, range(i * 10, i * 10 + 2))
+        installed["dataloader-spawn"] = [bool(b) for b in items]
     report(installed=installed)
     wandb.finish()
 

@@ -44,6 +44,8 @@ def test_a_users_command_gets_its_faults_and_a_report(tmp_path: pathlib.Path) ->
         "1:2",
         "--deadline",
         "150",
+        "--jobs",  # the two iterations side by side: half the wait (a fault waits for its
+        "2",  # worker to exist, so a slower start under load only delays it)
         "--",
         *command,
     )
