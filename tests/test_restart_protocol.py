@@ -7,8 +7,13 @@ from __future__ import annotations
 
 import os
 import queue
+import subprocess
+import sys
+import threading
 import time
 import warnings
+
+import pytest
 
 from wandb_funnel._logger.receiver import Attached, Receiver, Records
 from wandb_funnel._protocol import codec
@@ -111,9 +116,6 @@ def test_a_rank_closing_when_the_logger_dies_waits_for_its_successor() -> None:
     """The rank has said goodbye (nothing left to send) when the logger dies before its
     receipt: it waits, within its exit timeout, pokes the address with heartbeats, and the
     successor (1.5 s later) gets its hello, every record and its goodbye, and answers."""
-    import subprocess
-    import sys
-    import threading
 
     address, directory = private_ipc_endpoint()
     first = LoggerSocket(address, 1000, MAX)
@@ -150,10 +152,64 @@ def test_a_rank_closing_when_the_logger_dies_waits_for_its_successor() -> None:
         assert rx2.received() == 50
         assert caught == []  # its records reached the successor: nothing to warn about
     finally:
+        _clean_up(fake, rx2, second, directory)
+
+
+@pytest.mark.parametrize("how", ["budget-spent", "queue-full"])
+def test_a_rank_that_closes_after_the_logger_died_waits_for_its_successor(how: str) -> None:
+    """The logger is already dead when the rank closes, and either the close's own budget is
+    spent before it could look (an owner's close late in its budget) or its socket's queue is
+    full (records logged while nobody read them): the rank still waits, within the restart
+    bound, for the successor (1.5 s later), which gets every record and the goodbye."""
+
+    address, directory = private_ipc_endpoint()
+    first = LoggerSocket(address, 1000, MAX)
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stream = Stream(address, "tok", requested_rank=1, logger_pid=fake.pid, restarted=True)
+    second: LoggerSocket | None = None
+    rx2: Receiver | None = None
+    try:
+        for step in range(50):
+            stream.push(codec.encode_record(step, True, {"x": step}, MAX))
+        stream.flush(1.0)
         fake.kill()
         fake.wait()
-        if rx2 is not None:
-            rx2.stop(2.0)
-        if second is not None:
-            second.close()
-        remove_ipc_dir(directory)
+        first.close()
+        if how == "queue-full":  # heartbeats until the queue takes no more (lock held by us)
+            heartbeat = codec.encode_batch(50, [])
+            while stream._sock.try_send(heartbeat):
+                pass
+
+        def successor() -> None:
+            nonlocal second, rx2
+            time.sleep(1.5)  # the owner takes a while to start the next one
+            second = LoggerSocket(address, 1000, MAX)
+            rx2 = Receiver(second, "tok", MAX, 100_000, generation=1, saved={})
+            rx2.start()
+
+        starter = threading.Thread(target=successor)
+        starter.start()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            stream.close("done", 0.0 if how == "budget-spent" else 5.0)
+        starter.join()
+        assert [str(w.message) for w in seen] == []  # nothing may be missing: no warning
+        assert rx2 is not None and rx2.received() == 50
+    finally:
+        _clean_up(fake, rx2, second, directory)
+
+
+def _clean_up(
+    fake: subprocess.Popen[bytes],
+    rx: Receiver | None,
+    sock: LoggerSocket | None,
+    directory: str,
+) -> None:
+    """The fake logger killed, the successor's receiver and socket stopped, the dir gone."""
+    fake.kill()
+    fake.wait()
+    if rx is not None:
+        rx.stop(2.0)
+    if sock is not None:
+        sock.close()
+    remove_ipc_dir(directory)

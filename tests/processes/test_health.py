@@ -132,7 +132,7 @@ def test_spread_names_the_straggler_and_status_shows_the_job(scripts: Scripts) -
     """Rank 2's step_time is 0.2 s longer from step 10: the late rows have
     step_time/max_rank == 2 and funnel/stragglers == [2]. Meanwhile `wandb-funnel status
     --json`, from another process, lists the funnel with its 4 ranks and their last steps."""
-    proc = _start(scripts, "spread", "--steps", "30")  # slow from 10; named after 10 more
+    proc = _start(scripts, "spread", "--steps", "40")
     try:
         out, _ = _read_until(proc, '"ready"', "stdout", 120)
         status = _status(scripts, want_ranks=4)
@@ -178,7 +178,7 @@ def test_spread_names_the_straggler_and_status_shows_the_job(scripts: Scripts) -
 
 def _status(scripts: Scripts, want_ranks: int, timeout: float = 30) -> dict[str, Any]:
     """``wandb-funnel status --json`` as another process of the user runs it, until the
-    funnel shows ``want_ranks`` ranks."""
+    funnel shows ``want_ranks`` ranks, each past step 5."""
     exe = os.path.join(os.path.dirname(sys.executable), "wandb-funnel")
     deadline = time.monotonic() + timeout
     last: dict[str, Any] = {}
@@ -192,10 +192,15 @@ def _status(scripts: Scripts, want_ranks: int, timeout: float = 30) -> dict[str,
             check=True,
         )
         last = json.loads(done.stdout)
-        if any(len(f["ranks"]) >= want_ranks for f in last["funnels"]):
+        # Every rank listed and past step 5 (rank 0 said "ready" there; the others log in
+        # lockstep, but a rank's first batch may reach the logger after its hello).
+        if any(
+            len(f["ranks"]) >= want_ranks and all(r["last_step"] >= 5 for r in f["ranks"])
+            for f in last["funnels"]
+        ):
             return last
         time.sleep(0.5)
-    raise AssertionError(f"no funnel with {want_ranks} ranks: {last}")
+    raise AssertionError(f"no funnel with {want_ranks} ranks past step 5: {last}")
 
 
 def test_a_long_close_says_how_far_it_is(scripts: Scripts) -> None:

@@ -286,16 +286,24 @@ class Stream:
             self._close(reason, timeout, exit_code)
 
     def _close(self, reason: str, timeout: float, exit_code: int) -> None:
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         if not self._lock.acquire(timeout=max(0.0, timeout)):
             return
         try:
             if self.closed:
                 return
             alive = self.logger_alive()
+            # Past our own timeout, for a logger that died and is being replaced: a restart
+            # takes seconds, more on a loaded machine (8 s seen at 4 jobs on 2 cores).
+            restart_deadline = max(deadline, time.monotonic() + RESTART_WAIT)
 
             def left() -> float:
-                return max(0.0, deadline - time.monotonic()) if alive else 0.0
+                if alive:
+                    return max(0.0, deadline - time.monotonic())
+                if self._may_be_restarted():  # the queue drains into its successor
+                    return max(0.0, restart_deadline - time.monotonic())
+                return 0.0
 
             self._send_batch(left())
             try:  # what this process printed last (a traceback) goes before the goodbye
@@ -306,9 +314,6 @@ class Stream:
             said_goodbye = self._sock.send_within(goodbye, left())
             if said_goodbye:
                 self._goodbye = goodbye
-            # Past our own timeout, for a logger that died and is being replaced: a restart
-            # takes seconds, more on a loaded machine (8 s seen at 4 jobs on 2 cores).
-            restart_deadline = max(deadline, time.monotonic() + RESTART_WAIT)
             if said_goodbye and not alive and self._may_be_restarted():
                 # Its pid is gone, but the owner is starting a new one that asks us to resend
                 # what was not saved: wait for that (a new logger answers us with a REHELLO,
@@ -329,7 +334,7 @@ class Stream:
             # Once the logger confirmed receipt nothing is queued; otherwise a bounded linger
             # lets what is still queued leave (none when the logger is known dead).
             self._sock.close(0.0 if received is not None else left())
-            self._report_loss(alive, received)
+            self._report_loss(alive, received, said_goodbye, time.monotonic() - started)
         finally:
             self._lock.release()
             _unregister(self)
@@ -340,17 +345,22 @@ class Stream:
         it, by ``restart_deadline``, poking the address so that its successor hears of us."""
         while True:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left > 0:
+                ack = self._read_reply(min(left, 0.05))
+                if isinstance(ack, Ack):
+                    return ack.received
+                if ack is not None or self.logger_alive():
+                    continue
+            elif self.logger_alive():
+                return None  # a live logger had its time: it is behind, or stalled
+            # Its pid is gone (looked at past the deadline too: a close whose budget went on
+            # sending must not leave for a logger that is being replaced).
+            if not self._may_be_restarted():
                 return None
-            ack = self._read_reply(min(left, 0.05))
-            if isinstance(ack, Ack):
-                return ack.received
-            if ack is None and not self.logger_alive():
-                if not self._may_be_restarted():
-                    return None
-                if restart_deadline is not None:
-                    deadline = max(deadline, restart_deadline)
-                self._poke()
+            if restart_deadline is None or time.monotonic() >= restart_deadline:
+                return None
+            deadline = max(deadline, restart_deadline)
+            self._poke()
 
     def _await_saved(self, soon: float, deadline: float) -> None:
         """Until our records are saved, by ``soon``; if the logger dies meanwhile and the
@@ -358,9 +368,11 @@ class Stream:
         waiting_for_a_restart = False
         while self._replay:
             left = (deadline if waiting_for_a_restart else soon) - time.monotonic()
-            if left <= 0:
+            if left > 0 and self._read_reply(min(left, 0.05)) is not None:
+                continue
+            if left <= 0 and (waiting_for_a_restart or self.logger_alive()):
                 return
-            if self._read_reply(min(left, 0.05)) is None and not self.logger_alive():
+            if not self.logger_alive():
                 if not self._may_be_restarted():
                     return
                 waiting_for_a_restart = True
@@ -385,14 +397,19 @@ class Stream:
             self._sock.try_send(codec.encode_batch(self._seq, []))
             self._last_sent = now
 
-    def _report_loss(self, alive: bool, received: int | None) -> None:
+    def _report_loss(
+        self, alive: bool, received: int | None, said_goodbye: bool, waited: float
+    ) -> None:
         who = f"rank {self._rank_text()}"
         if not alive:
             unsaved = self._seq - self._saved  # the logger said the rest is in the run
             if unsaved:
+                # How long this close waited, and whether its goodbye left: what tells "no
+                # new logger came" from "this rank did not wait for one".
+                how = f"waited {waited:.1f} s" + ("" if said_goodbye else ", goodbye not sent")
                 _warn(
-                    f"{who}: the logger (pid {self._logger_pid}) is gone; up to {unsaved} "
-                    f"records from this rank may be missing from the run"
+                    f"{who}: the logger (pid {self._logger_pid}) is gone ({how}); up to "
+                    f"{unsaved} records from this rank may be missing from the run"
                 )
         elif received is None:
             _warn(
