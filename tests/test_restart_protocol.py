@@ -127,22 +127,10 @@ def test_a_rank_closing_when_the_logger_dies_waits_for_its_successor() -> None:
     caught: list[str] = []
     try:
         # The first logger never answers the goodbye: it dies with the goodbye unanswered.
-        for step in range(50):
-            stream.push(codec.encode_record(step, True, {"x": step}, MAX))
-        stream.flush(1.0)
-
-        def close() -> None:
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                stream.close("done", 8.0)
-            caught.extend(str(w.message) for w in seen)
-
-        closer = threading.Thread(target=close)
-        closer.start()
+        _log_50(stream)
+        closer = _closing(stream, 8.0, caught)
         time.sleep(0.5)  # the goodbye is out; no receipt
-        fake.kill()
-        fake.wait()
-        first.close()
+        _die(fake, first)
         time.sleep(1.5)  # the owner takes a while to start the next one
         second = LoggerSocket(address, 1000, MAX)
         rx2 = Receiver(second, "tok", MAX, 100_000, generation=1, saved={})
@@ -169,16 +157,10 @@ def test_a_rank_that_closes_after_the_logger_died_waits_for_its_successor(how: s
     second: LoggerSocket | None = None
     rx2: Receiver | None = None
     try:
-        for step in range(50):
-            stream.push(codec.encode_record(step, True, {"x": step}, MAX))
-        stream.flush(1.0)
-        fake.kill()
-        fake.wait()
-        first.close()
-        if how == "queue-full":  # heartbeats until the queue takes no more (lock held by us)
-            heartbeat = codec.encode_batch(50, [])
-            while stream._sock.try_send(heartbeat):
-                pass
+        _log_50(stream)
+        _die(fake, first)
+        if how == "queue-full":
+            _fill_the_queue(stream)
 
         def successor() -> None:
             nonlocal second, rx2
@@ -191,12 +173,72 @@ def test_a_rank_that_closes_after_the_logger_died_waits_for_its_successor(how: s
         starter.start()
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            stream.close("done", 0.0 if how == "budget-spent" else 5.0)
+            stream.close("done", 0.0 if how == "budget-spent" else 0.5)
         starter.join()
         assert [str(w.message) for w in seen] == []  # nothing may be missing: no warning
         assert rx2 is not None and rx2.received() == 50
     finally:
         _clean_up(fake, rx2, second, directory)
+
+
+def test_a_rank_waiting_for_a_successor_that_will_not_come_leaves_when_the_socket_goes() -> None:
+    """The logger is dead, the rank's queue is full, and no successor comes: once the owner
+    removes the socket (its close, or its supervisor giving up) the rank stops waiting,
+    long before the restart bound, and says what may be missing and that its goodbye did not
+    leave."""
+    address, directory = private_ipc_endpoint()
+    first = LoggerSocket(address, 1000, MAX)
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stream = Stream(address, "tok", requested_rank=1, logger_pid=fake.pid, restarted=True)
+    caught: list[str] = []
+    try:
+        _log_50(stream)
+        _die(fake, first)
+        _fill_the_queue(stream)
+        closer = _closing(stream, 0.5, caught)
+        time.sleep(1.0)  # past the close's own timeout: it waits for a successor
+        assert closer.is_alive()
+        remove_ipc_dir(directory)  # the owner: no logger will follow
+        closer.join(10)  # the restart bound is 30 s
+        assert not closer.is_alive()
+        assert len(caught) == 1 and "goodbye not sent" in caught[0], caught
+        assert "up to 50 records from this rank may be missing" in caught[0], caught
+    finally:
+        _clean_up(fake, None, None, directory)
+
+
+def _log_50(stream: Stream) -> None:
+    for step in range(50):
+        stream.push(codec.encode_record(step, True, {"x": step}, MAX))
+    stream.flush(1.0)
+
+
+def _die(fake: subprocess.Popen[bytes], sock: LoggerSocket) -> None:
+    """The "logger" dies: its pid (what the rank looks at) and its socket."""
+    fake.kill()
+    fake.wait()
+    sock.close()
+
+
+def _fill_the_queue(stream: Stream) -> None:
+    """Heartbeats until the rank's queue takes no more (nobody reads it)."""
+    heartbeat = codec.encode_batch(50, [])
+    while stream._sock.try_send(heartbeat):
+        pass
+
+
+def _closing(stream: Stream, timeout: float, caught: list[str]) -> threading.Thread:
+    """``stream.close`` on a thread of its own; its warnings land in ``caught``."""
+
+    def close() -> None:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            stream.close("done", timeout)
+        caught.extend(str(w.message) for w in seen)
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    return closer
 
 
 def _clean_up(

@@ -332,9 +332,11 @@ class Funnel:
             try:
                 self._close_logger(logger, code, deadline)
             finally:
+                # The logger is done and none will follow: the socket goes first, so that a
+                # stream still open here does not wait for a successor (its unsaved records).
+                remove_ipc_dir(self._ipc_dir)
                 stream.close_all("owner closed", max(0.1, deadline - time.monotonic()), code)
                 self._restore_env()
-                remove_ipc_dir(self._ipc_dir)
                 _current.forget(self._run)
 
     def _close_logger(self, logger: LoggerProcess, code: int, deadline: float) -> None:

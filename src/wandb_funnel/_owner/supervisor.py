@@ -14,6 +14,7 @@ not send, and say so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -113,6 +114,11 @@ class Supervisor:
             self._restarts.popleft()
         if len(self._restarts) >= self._max:
             self.gave_up = True
+            # No successor will bind it: a rank on this host that waits for one (its unsaved
+            # records) sees the socket gone and leaves at once (``Stream._may_be_restarted``).
+            if self._start.address.startswith("ipc://"):
+                with contextlib.suppress(OSError):
+                    os.unlink(self._start.address[len("ipc://") :])
             _say(
                 f"the logger (pid {dead.pid}) {_how_it_ended(dead.returncode)}; it died "
                 f"{len(self._restarts) + 1} times in {LOGGER_RESTART_WINDOW / 60:.0f} minutes "

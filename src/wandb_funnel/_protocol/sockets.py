@@ -189,6 +189,10 @@ class ClientSocket:
             return False
         return self.try_send(frame)
 
+    def wait_for_room(self, timeout: float) -> bool:
+        """Whether the queue has room for a frame, waiting at most ``timeout`` seconds."""
+        return not self._closed and self._poll(timeout, zmq.POLLOUT)
+
     def recv_within(self, timeout: float) -> bytes | None:
         """The next reply frame, waiting at most ``timeout`` seconds."""
         if self._closed:

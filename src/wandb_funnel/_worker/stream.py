@@ -278,14 +278,22 @@ class Stream:
             self._lock.release()
 
     # -- the end of a stream ---------------------------------------------------------------
-    def close(self, reason: str, timeout: float = FINAL_FLUSH_TIMEOUT, exit_code: int = 0) -> None:
+    def close(
+        self,
+        reason: str,
+        timeout: float = FINAL_FLUSH_TIMEOUT,
+        exit_code: int = 0,
+        restart_by: float | None = None,
+    ) -> None:
         """Send what is left and a goodbye, wait for the logger's receipt; all within
-        ``timeout`` seconds. Warns with numbers when anything may be missing from the run."""
+        ``timeout`` seconds (for a logger that died and is being replaced, until
+        ``restart_by``, a ``time.monotonic()`` value; default ``RESTART_WAIT`` from now).
+        Warns with numbers when anything may be missing from the run."""
         # A signal landing meanwhile waits for the goodbye (its handler may exit the process).
         with lifecycle.signals_held():
-            self._close(reason, timeout, exit_code)
+            self._close(reason, timeout, exit_code, restart_by)
 
-    def _close(self, reason: str, timeout: float, exit_code: int) -> None:
+    def _close(self, reason: str, timeout: float, exit_code: int, restart_by: float | None) -> None:
         started = time.monotonic()
         deadline = started + timeout
         if not self._lock.acquire(timeout=max(0.0, timeout)):
@@ -296,7 +304,9 @@ class Stream:
             alive = self.logger_alive()
             # Past our own timeout, for a logger that died and is being replaced: a restart
             # takes seconds, more on a loaded machine (8 s seen at 4 jobs on 2 cores).
-            restart_deadline = max(deadline, time.monotonic() + RESTART_WAIT)
+            if restart_by is None:
+                restart_by = time.monotonic() + RESTART_WAIT
+            restart_deadline = max(deadline, restart_by)
 
             def left() -> float:
                 if alive:
@@ -305,13 +315,22 @@ class Stream:
                     return max(0.0, restart_deadline - time.monotonic())
                 return 0.0
 
-            self._send_batch(left())
+            def room() -> float:
+                """Seconds the next send may wait. While the logger is dead, first waits for
+                room in slices, so that a restart that will not come (the socket removed)
+                ends the wait."""
+                while not alive and (t := left()) > 0:
+                    if self._sock.wait_for_room(min(t, 0.25)):
+                        break
+                return left()
+
+            self._send_batch(room())
             try:  # what this process printed last (a traceback) goes before the goodbye
-                console.pump(self, lambda frame: self._sock.send_within(frame, left()))
+                console.pump(self, lambda frame: self._sock.send_within(frame, room()))
             except Exception:
                 pass
             goodbye = codec.encode_goodbye(Goodbye(self._seq, reason, exit_code))
-            said_goodbye = self._sock.send_within(goodbye, left())
+            said_goodbye = self._sock.send_within(goodbye, room())
             if said_goodbye:
                 self._goodbye = goodbye
             if said_goodbye and not alive and self._may_be_restarted():
@@ -585,8 +604,9 @@ def flush_all() -> None:
 def close_all(reason: str, timeout: float = FINAL_FLUSH_TIMEOUT, exit_code: int = 0) -> None:
     """Close every stream of this process and let their frames leave; bounded by ``timeout``."""
     deadline = time.monotonic() + timeout
+    restart_by = time.monotonic() + RESTART_WAIT  # one bound for all: not one per stream
     for stream in open_streams():
-        stream.close(reason, max(0.0, deadline - time.monotonic()), exit_code)
+        stream.close(reason, max(0.0, deadline - time.monotonic()), exit_code, restart_by)
     _stop_flusher()
     term_process_context(max(0.1, deadline - time.monotonic()))
 
