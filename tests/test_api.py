@@ -47,6 +47,30 @@ def test_an_attaching_rank_warns_about_the_owners_arguments() -> None:
         _api._warn_ignored({"project": "p", "name": "n", "reduce": "sum"}, _api._ATTACHED)
 
 
+def test_arguments_that_name_the_funnels_own_run_are_taken_without_a_word(
+    tmp_path: Any, recwarn: pytest.WarningsRecorder
+) -> None:
+    """Lightning's ``WandbLogger`` in a ``ddp_spawn`` rank calls ``wandb.init(id=run.id,
+    resume="allow", project=..., name=..., dir=...)``: the funnel's run, so nothing is said
+    (issue 34: a FunnelWarning twice); an argument that differs is named."""
+    from wandb_funnel._worker.run import AttachInfo, Run
+
+    run_dir = str(tmp_path / "wandb" / "offline-run-x" / "files")
+    info = AttachInfo(
+        "ipc:///nowhere",
+        "t",
+        "abc",
+        1 << 20,
+        run_info={"name": "n", "project": "p", "dir": run_dir},
+    )
+    run = Run(info, requested_rank=None)
+    same = {"id": "abc", "resume": "allow", "project": "p", "name": "n", "dir": str(tmp_path)}
+    _api._warn_ignored(same, _api._ATTACHED, run)
+    assert not [w for w in recwarn if issubclass(w.category, FunnelWarning)]
+    with pytest.warns(FunnelWarning, match="ignored: name$"):
+        _api._warn_ignored({**same, "name": "other"}, _api._ATTACHED, run)
+
+
 def test_init_config_is_taken_as_wandb_takes_it() -> None:
     kwargs: dict[str, Any] = {"config": argparse.Namespace(batch=8, lr=0.1), "project": "p"}
     assert _api._init_config(kwargs) == {"batch": 8, "lr": 0.1}

@@ -75,7 +75,7 @@ def test_media_of_rows_handed_to_wandb_that_never_reached_the_file_are_not_count
     resent and their media counted again by the successor, so the state's count loses them
     (2). Records are counted the same way: those of the rows the file holds."""
     segment = tmp_path / "segment.jsonl"
-    rows = [{"global_step": step} for step in range(3)]  # 2 saved rows, 1 unsaved
+    rows = [{"_step": step} for step in range(3)]  # 2 saved rows, 1 unsaved
     segment.write_text("".join(json.dumps({"kind": "row", "data": r}) + "\n" for r in rows))
     state = {
         "generation": 0,
@@ -91,3 +91,18 @@ def test_media_of_rows_handed_to_wandb_that_never_reached_the_file_are_not_count
     assert before.base == {"funnel/media": 3, "funnel/files": 1}
     assert before.records == 4 + 2 and before.rows == 3
     assert before.steps_after_saved == frozenset({2})
+    assert before.next_step == 3  # the successor's rows go on past the dead one's
+
+
+def test_run_data_carries_the_name_notes_and_tags_a_rank_set() -> None:
+    """A restarted logger gives the new segment the last name, notes and tags set (issue 34),
+    with the config, summary and metrics, through ``run_data.json``."""
+    data = continuity.RunData({})
+    data.config_update({"lr": 0.1})
+    assert not data.run
+    data.run_update({"name": "first"})
+    data.run_update({"tags": ["a"], "name": "renamed"})
+    assert data.changed
+    again = continuity.RunData(json.loads(json.dumps(data.to_json())))
+    assert again.run == {"name": "renamed", "tags": ["a"]}
+    assert again.config == {"lr": 0.1} and not again.changed

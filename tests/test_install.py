@@ -217,3 +217,28 @@ def test_a_process_that_never_calls_init_gets_no_exit_work(tmp_path: Any) -> Non
         "wandb_funnel._worker.lifecycle._keep_exit_code",
         "zmq.sugar.context._notice_atexit",
     }, ours
+
+
+def test_installed_run_sets_name_notes_and_tags_as_wandbs_run_does(
+    installed: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Plain code (and Lightning's ``logger.experiment.name = ...``) sets them on the installed
+    Run: no AttributeError; bad tags get wandb's own warning; a finished run wandb's error."""
+    run, stream = _run()
+    view: Any = as_installed(run, wandb)
+    view.name, view.notes, view.tags = "renamed", "notes", ["a"]
+    assert (view.name, view.notes, view.tags) == ("renamed", "notes", ("a",))
+    assert [u.data for u in stream.updates] == [
+        {"name": "renamed"},
+        {"notes": "notes"},
+        {"tags": ["a"]},
+    ]
+    capsys.readouterr()
+    view.tags = [""]
+    assert "Invalid tag detected: Tag at index 0 is empty" in capsys.readouterr().err
+    assert view.tags == ("a",) and len(stream.updates) == 3
+    view._finished = True
+    with pytest.raises(
+        wandb.errors.UsageError, match=r"Run \(rid\) is finished. The call to `name`"
+    ):
+        view.name = "late"

@@ -17,10 +17,11 @@ from wandb_funnel.testing import RunCapture, capture_run
 
 def test_what_the_sink_records_reads_back_in_order(tmp_path: pathlib.Path) -> None:
     sink = RecordingSink(str(tmp_path), {"id": "r1", "config": {"lr": 0.1}, "settings": {}})
-    sink.log({"loss": 1.0, "global_step": 0}, None)
+    sink.log({"loss": 1.0}, None, 0, True)
     sink.output("stderr", "bar\r", 1.0)
     sink.output("stdout", "{'loss': 1.0}\n", 1.1)
-    sink.log({"loss": math.nan, "global_step": 1}, None)
+    sink.log({"loss": math.nan}, None, 2, False)  # open: a later record merges into it
+    sink.log({"acc": 0.5}, None, 2, False)
     sink.update_config({"bs": 8})
     sink.update_summary({"funnel/records": 2})
     sink.define_metric({"name": "loss", "summary": "min"})
@@ -29,8 +30,8 @@ def test_what_the_sink_records_reads_back_in_order(tmp_path: pathlib.Path) -> No
     cap._read(str(tmp_path))
     assert cap.id == "r1" and cap.exit_code == 3
     assert cap.rows == [
-        {"loss": 1.0, "global_step": 0},
-        {"loss": "nan", "global_step": 1},  # JSON has no NaN
+        {"loss": 1.0, "_step": 0},
+        {"loss": "nan", "acc": 0.5, "_step": 2},  # JSON has no NaN; finish wrote it
     ]
     assert cap.config == {"lr": 0.1, "bs": 8}
     assert cap.summary == {"funnel/records": 2}
@@ -53,7 +54,7 @@ def test_media_are_recorded_as_descriptors_and_counted(tmp_path: pathlib.Path) -
     dropped = MediaRef({"k": "dropped", "what": "Image", "why": "queue full"})
     bad = MediaRef({"k": "file", "c": "Artifact", "s": {}})
     row = {"img": image, "h": hist, "t": table, "gone": dropped, "bad": bad, "step": 0}
-    sink.log(row, staging)
+    sink.log(row, staging, 0, True)
     sink.finish(0)
     cap = RunCapture()
     cap._read(str(tmp_path / "run"))
@@ -72,6 +73,7 @@ def test_media_are_recorded_as_descriptors_and_counted(tmp_path: pathlib.Path) -
             "h": {"_type": "histogram", "values": [1, 2], "bins": [0, 1, 2]},
             "t": {"_type": "table", "columns": ["i", "img"], "data": [[1, described]]},
             "step": 0,
+            "_step": 0,
         }
     ]
     assert staging.logged == 3 and staging.dropped == 2  # one image (made once), the dropped
@@ -109,13 +111,13 @@ def test_a_line_cut_by_a_killed_logger_is_left_out_and_an_unfinished_run_says_so
     tmp_path: pathlib.Path,
 ) -> None:
     sink = RecordingSink(str(tmp_path), {"id": "r2"})
-    sink.log({"a": 1}, None)
+    sink.log({"a": 1}, None, 0, True)
     sink._file.close()  # the logger is gone (its file closed by the kernel)
     with open(tmp_path / "r2.jsonl", "a", encoding="utf-8") as f:
         f.write('{"kind": "row", "data": {"a"')  # the logger died mid-line
     cap = RunCapture()
     cap._read(str(tmp_path))
-    assert cap.rows == [{"a": 1}] and cap.exit_code is None
+    assert cap.rows == [{"a": 1, "_step": 0}] and cap.exit_code is None
 
 
 def test_several_runs_are_read_by_id_and_the_shortcuts_say_so(tmp_path: pathlib.Path) -> None:
@@ -156,12 +158,12 @@ def test_staged_media_files_are_checked_and_counted_as_wandbs_sink_counts_them(
     )
     no_hash = MediaRef({"k": "file", "c": "Image", "f": "1-1-0000000b.png", "s": {}})
     missing = MediaRef({"k": "file", "c": "Image", "f": "1-1-0000000d.png", "s": sha})
-    sink.log({"kept": kept, "no_hash": no_hash, "missing": missing, "step": 0}, staging)
+    sink.log({"kept": kept, "no_hash": no_hash, "missing": missing, "step": 0}, staging, 0, True)
     sink.finish(0)
     cap = RunCapture()
     cap._read(str(tmp_path / "run"))
     (row,) = cap.rows
-    assert set(row) == {"kept", "step"}
+    assert set(row) == {"kept", "step", "_step"}
     assert row["kept"]["masks"] == {"m": {"_type": "mask", "sha256": "b" * 64}}
     assert staging.logged == 2 and staging.dropped == 2  # the image and its mask; two drops
 
@@ -169,3 +171,27 @@ def test_staged_media_files_are_checked_and_counted_as_wandbs_sink_counts_them(
 def test_a_run_id_that_is_not_a_plain_name_is_refused(tmp_path: pathlib.Path) -> None:
     with pytest.raises(ValueError, match="plain name"):
         RecordingSink(str(tmp_path), {"id": "../elsewhere"})
+
+
+def test_name_notes_and_tags_a_rank_set_are_recorded_and_read_back(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A RUN update goes from the writer to the sink's ``update_run``; the recording keeps
+    the last value of each, and the soak reader takes it for the run's name, notes, tags."""
+    from wandb_funnel._logger.ordering import Reorderer
+    from wandb_funnel._logger.reduce import RowBuilder
+    from wandb_funnel._logger.run_writer import RunWriter
+    from wandb_funnel._protocol.messages import UpdateKind
+    from wandb_funnel.soak.runfile import read_recording
+
+    sink = RecordingSink(str(tmp_path), {"id": "r1", "name": "first", "tags": ["t0"]})
+    writer = RunWriter(sink, Reorderer(1e9, 10**6), RowBuilder("auto", {}, "_step"), "r1")
+    writer.update(UpdateKind.RUN, {"name": "renamed"}, rank=1)
+    writer.update(UpdateKind.RUN, {"notes": "n", "tags": ["a", "b"]}, rank=0)
+    writer.update(UpdateKind.RUN, {"name": "again"}, rank=1)
+    sink.finish(0)
+    cap = RunCapture()
+    cap._read(str(tmp_path))
+    assert cap.attributes == {"name": "again", "notes": "n", "tags": ["a", "b"]}
+    run = read_recording(sink.path)
+    assert (run.name, run.notes, run.tags) == ("again", "n", ["a", "b"])

@@ -19,7 +19,7 @@ def _row(step: int, parts: dict[int, dict[str, Any]]) -> Row:
 def test_auto_single_rank_key_is_untouched() -> None:
     """Rank-0-only code behaves as before: one rank's keys pass through as they are."""
     out = RowBuilder("auto", {}, "global_step").build(_row(3, {0: {"acc": 0.5, "tag": "x"}}))
-    assert out == {"acc": 0.5, "tag": "x", "global_step": 3}
+    assert out == {"acc": 0.5, "tag": "x"}
 
 
 def test_auto_reduces_across_ranks_with_mean_by_default() -> None:
@@ -57,7 +57,6 @@ def test_shared_mode_keys_per_rank_plus_asked_reductions() -> None:
         "acc/rank0": 0.1,
         "loss/rank1": 3.0,
         "loss": 2.0,
-        "global_step": 1,
     }
 
 
@@ -69,27 +68,28 @@ def test_nested_dicts_flatten_and_reduce() -> None:
     assert out["eval.acc"] == 2.0
 
 
-def test_step_key_is_the_row_step() -> None:
+def test_rows_hold_the_ranks_keys_only() -> None:
+    """The row's step is where the writer places it (``_step``), not a key of the row:
+    plain wandb's rows carry no ``global_step`` (issue 34)."""
     b = RowBuilder("auto", {}, "global_step")
-    assert b.build(_row(9, {0: {"x": 1}})) == {"x": 1, "global_step": 9}
+    assert b.build(_row(9, {0: {"x": 1}})) == {"x": 1}
     assert not b.user_step_key
 
 
 @pytest.mark.parametrize("mode", ["auto", "shared"])
-def test_a_users_own_step_key_is_kept_and_said_once(mode: str) -> None:
-    """A rank that logs ``global_step`` itself owns the key: its values are written, the
-    funnel's step is never put over them nor into later rows without it, and it is said once
-    (issue 23: ``{"global_step": 1000 * (i + 1)}`` used to read back 0, 1, 2)."""
+def test_a_users_own_step_key_is_kept_as_logged(mode: str) -> None:
+    """A rank that logs ``global_step`` itself owns the key: its values are written, and
+    rows without it stay without it (issue 34: 6 rows carried it against plain's 3)."""
     said: list[str] = []
     b = RowBuilder(mode, {}, "global_step", said.append)
-    assert b.build(_row(0, {0: {"x": 1}}))["global_step"] == 0  # before: the funnel's step
+    assert "global_step" not in b.build(_row(0, {0: {"x": 1}}))
     first = b.build(_row(1, {0: {"global_step": 2000, "x": 2}, 1: {"global_step": 2000}}))
     assert first["global_step"] == 2000
     assert "global_step/rank0" not in first  # one x-axis key, also in shared mode
-    assert "global_step" not in b.build(_row(2, {0: {"x": 3}}))  # the user's key now
+    assert "global_step" not in b.build(_row(2, {0: {"x": 3}}))
     assert b.build(_row(3, {1: {"global_step": 4000}}))["global_step"] == 4000
     assert b.user_step_key
-    assert len(said) == 1 and "'global_step'" in said[0] and "step_key" in said[0]
+    assert said == []  # nothing to say: the funnel writes nothing under that key
 
 
 def test_infinities_and_overflow_reduce_like_plain_arithmetic() -> None:

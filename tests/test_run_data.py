@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from wandb_funnel._worker.run_data import Config, ConfigError, Summary, jsonable
+from wandb_funnel._worker.run_data import (
+    Config,
+    ConfigError,
+    Summary,
+    jsonable,
+    run_tags,
+    run_text,
+)
 
 
 def _config() -> tuple[Config, list[dict[str, Any]]]:
@@ -100,3 +107,77 @@ def test_summary_takes_items_attributes_and_updates() -> None:
     with pytest.raises(TypeError, match="keys must be str"):
         summary.update({1: 2})
     assert len(summary) == 4
+
+
+# run.name / notes / tags: what wandb 0.31 takes (its Settings, validated on assignment, as
+# its Run's setters use them) and what it refuses, mirrored without wandb.
+_TEXTS: list[Any] = ["x", "", "multi\nline", b"bytes", None, 5, 3.0, ["x"], b"\xff"]
+_TAGS: list[Any] = [
+    ["a", "b"],
+    ("t",),
+    "abc",  # a str is a sequence of one-character tags, in wandb too
+    [],
+    [""],
+    ["x" * 64],
+    ["x" * 65],
+    ["y" * 30],
+    ["ok", 1],
+    [b"raw"],
+    [1, ""],
+    {"k": 1},
+    5,
+    None,
+]
+
+
+def _wandbs(attr: str, value: Any) -> tuple[str, Any]:
+    """What wandb's setter does with ``value``: ("ok", what it stores), ("warn", message),
+    or ("raise", the exception's class, ValueError for pydantic's)."""
+    import wandb
+
+    settings = wandb.Settings()
+    try:
+        if attr == "tags":
+            tags = tuple(value)
+            try:
+                settings.run_tags = tags
+            except ValueError as exc:  # the setter's own extraction of the message
+                message = str(exc)
+                if "Value error," in message:
+                    message = message.split("Value error, ")[1].split(" [type=")[0]
+                return "warn", message
+            return "ok", settings.run_tags
+        setattr(settings, f"run_{attr}", value)
+        return "ok", getattr(settings, f"run_{attr}")
+    except ValueError:
+        return "raise", ValueError
+    except TypeError:
+        return "raise", TypeError
+
+
+def _ours(attr: str, value: Any) -> tuple[str, Any]:
+    try:
+        if attr == "tags":
+            tags, why = run_tags(value)
+            return ("ok", tags) if tags is not None else ("warn", why)
+        return "ok", run_text(attr, value)
+    except ValueError:
+        return "raise", ValueError
+    except TypeError:
+        return "raise", TypeError
+
+
+@pytest.mark.parametrize("value", _TEXTS, ids=repr)
+def test_name_and_notes_take_what_wandbs_settings_take(value: Any) -> None:
+    for attr in ("name", "notes"):
+        assert _ours(attr, value) == _wandbs(attr, value)
+
+
+@pytest.mark.parametrize("value", _TAGS, ids=repr)
+def test_tags_take_refuse_and_warn_as_wandbs_setter_does(value: Any) -> None:
+    ours, wandbs = _ours("tags", value), _wandbs("tags", value)
+    if wandbs[0] == "warn" and "validation error" in wandbs[1]:
+        # a tag that is not a str: wandb's message is pydantic's report; ours names the tag
+        assert ours[0] == "warn" and "is not a str" in ours[1]
+    else:
+        assert ours == wandbs

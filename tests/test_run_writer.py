@@ -23,9 +23,13 @@ class RecordingSink(NullSink):
         self.summary: dict[str, Any] = {}
         self.exit_code: int | None = None
         self.tensorboard_dirs: list[tuple[str, bool, str]] = []
+        self.steps: list[tuple[int | None, bool]] = []
 
-    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
+    def log(
+        self, row: dict[str, Any], staging: Staging | None, step: int | None, commit: bool
+    ) -> None:
         self.rows.append(row)
+        self.steps.append((step, commit))
 
     def files(self, data: dict[str, Any], staging: Staging) -> None:
         pass
@@ -97,8 +101,10 @@ def test_deadline_passing_while_writing_counts_the_rest_exactly(monkeypatch: Any
     writer.order.add(0, 3, True, {"late": 1}, 0.0)  # pending, not late yet
     log = sink.log
 
-    def slow_log(row: dict[str, Any], staging: Staging | None) -> None:  # 1 ms of the budget
-        log(row, staging)
+    def slow_log(
+        row: dict[str, Any], staging: Staging | None, step: int | None, commit: bool
+    ) -> None:  # 1 ms of the budget
+        log(row, staging, step, commit)
         clock.now += 0.001
 
     sink.log = slow_log  # type: ignore[method-assign]
@@ -149,3 +155,47 @@ def test_a_ranks_tensorboard_directory_reaches_the_sink_as_wandb_core_will_find_
         (str(tmp_path / "runs/b"), False, str(tmp_path / "runs")),
         ("/abs/c", True, ""),
     ]
+
+
+def test_rows_go_at_their_own_step_and_a_late_one_at_the_next_free_step(capsys: Any) -> None:
+    """``_step`` follows the ranks' steps (issue 34: accelerate's ``log(step=3)`` read back
+    ``_step`` 0, 1, 2); an uncommitted row stays open and what comes later at its step
+    merges into it; a row below a written step takes the next free one, keeps its step under
+    ``step_key``, is counted, and is said once with what to do."""
+    sink = RecordingSink()
+    writer = RunWriter(
+        sink, Reorderer(0.0, 10**6), RowBuilder("auto", {}, "global_step"), "run", None
+    )
+    writer.order.add(0, 3, False, {"a": 1}, 0.0)  # log(step=3): open until a later step
+    writer.order.add(0, 6, False, {"a": 2}, 0.0)
+    writer.write(writer.order.pop_ready(1.0))
+    writer.order.add(0, 6, True, {"b": 2}, 0.0)  # late in the reorderer, but row 6 is open
+    writer.write(writer.order.pop_ready(2.0))
+    writer.order.add(0, 5, True, {"c": 5}, 0.0)  # below a written row: late
+    writer.order.add(0, 9, True, {"a": 3}, 0.0)
+    writer.write(writer.order.pop_ready(3.0))
+    assert sink.steps == [(3, False), (6, False), (6, True), (7, True), (9, True)]
+    assert sink.rows[3] == {"c": 5, "global_step": 5}
+    assert "global_step" not in sink.rows[4]
+    assert writer.rows == 4 and writer.late_records == 1 and writer.records == 5
+    assert list(writer.recent_rows) == [1, 2, 1, 1]
+    err = capsys.readouterr().err
+    assert err.count("came after a later step was written") == 1
+    assert "reorder_window" in err and "funnel/late_records" in err
+
+
+def test_once_tensorboard_syncs_rows_follow_the_runs_own_steps() -> None:
+    """wandb-core writes tensorboard's rows into the run at steps the funnel does not know:
+    rows then go step-less, uncommitted ones merging into the next row (tensorboard's too),
+    as plain wandb's ``log`` does with its tensorboard patch on (issue 34: SB3's
+    ``gradient_save_freq`` histograms made 17 rows of their own at step 0)."""
+    writer, sink = _writer_for(0)
+    writer.update(
+        UpdateKind.TENSORBOARD, {"log_dir": "/tb", "save": True, "root_dir": "", "cwd": "/"}
+    )
+    writer.order.add(0, 0, False, {"h": 1}, 0.0)
+    writer.write(writer.order.pop_all())
+    writer.order.add(0, 0, False, {"h": 2}, 0.0)  # late in the reorderer: merges all the same
+    writer.write(writer.order.pop_all())
+    assert sink.steps == [(None, False), (None, False)]
+    assert writer.rows == 1 and writer.late_records == 0

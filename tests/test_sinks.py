@@ -51,7 +51,7 @@ def test_the_null_sink_counts_media_as_logged_and_refuses_files(tmp_path: pathli
     sink = NullSink("n")
     hist = MediaRef({"k": "histogram", "histogram": [1], "bins": [0, 1]})
     dropped = MediaRef({"k": "dropped", "what": "Image", "why": "full"})
-    sink.log({"h": hist, "l": [hist, dropped], "x": 1}, staging)
+    sink.log({"h": hist, "l": [hist, dropped], "x": 1}, staging, 0, True)
     assert staging.logged == 2 and staging.dropped == 1
     with pytest.raises(BadMediaError, match="null sink"):
         sink.files({"op": "save", "entries": []}, staging)

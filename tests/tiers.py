@@ -46,6 +46,12 @@ GATE: frozenset[str] = frozenset(
         "processes/test_installed.py::test_funnel_run_exits_with_the_commands_code_and_exports_the_options",
         "processes/test_installed.py::test_funnel_run_takes_the_command_without_dashes_and_the_tool_has_a_version",
         "processes/test_installed.py::test_mp_spawn_ranks_with_only_a_process_group_make_one_run",
+        # run.name / notes / tags against plain wandb: the script as is, under `wandb-funnel
+        # run`, and set from a spawn worker's wf.init (issue 34; 5 s; wandb's cross-validation
+        # example: the full tier)
+        "processes/test_run_attributes.py::test_name_notes_and_tags_set_from_any_rank_are_plain_wandbs",
+        # the user's steps as plain wandb writes them (issue 34), one way in
+        "processes/test_installed.py::test_steps_and_a_partial_global_step_read_back_as_plain_wandb_writes_them[run]",
         # exit paths: an exception, atexit without close, a signal, a straggler, a dead worker, a
         # dead logger (restarted, or not: test_restart's), a dead owner (test_restart's), a
         # stalled wandb, a backlog at close (a dead owner with a stalled wandb: the full tier)
@@ -75,6 +81,8 @@ GATE: frozenset[str] = frozenset(
         "processes/test_media.py::test_every_ranks_table_becomes_one_table_and_ranks_never_import_wandb[auto]",
         "processes/test_media.py::test_a_kill_with_media_in_flight_leaves_nothing_staged[rank]",
         "processes/test_media.py::test_watch_artifacts_and_save_from_any_rank_as_plain_wandb_records_them",
+        # wandb.save's paths, globs, base_path and errors against plain wandb (3 s)
+        "processes/test_saving.py::test_save_resolves_paths_globs_and_base_path_as_plain_wandb",
         # (one process as plain wandb's run, Logs, System, footer, telemetry: the full tier;
         # the console test above compares the run's record types and program with plain's)
         # every start method; fork safety; the socket's privacy

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import warnings
 from typing import Any
@@ -105,7 +104,7 @@ def _open(
             _current.forget(run)
             run = None
         if run is not None:
-            _warn_ignored(kwargs, _RETURNED)
+            _warn_ignored(kwargs, _RETURNED, run)
             run.config.update(config, allow_val_change=True)
             return run
         if config:
@@ -126,14 +125,9 @@ def _new_run(rank: int | None, kwargs: dict[str, Any], first_caller_hosts: bool)
             options, wandb_kwargs = FunnelOptions.split(kwargs)
             return init_launched(env, options, wandb_kwargs, first_caller_hosts)
     if info is None:
-        if multiprocessing.parent_process() is not None:
-            warnings.warn(
-                "wandb-funnel: no funnel found in this child process (was the Funnel "
-                "started after this process, or after a forkserver?); starting a "
-                "private run for it",
-                FunnelWarning,
-                stacklevel=3,
-            )
+        # No funnel around (a child started before its parent's, as in wandb's
+        # cross-validation example): a run of its own, as plain wandb.init makes one there.
+        # Nothing is said: the result is plain's (issue 34 found the warning once a child).
         own = Funnel(**kwargs).start().run
         own._attach(WELCOME_TIMEOUT)  # as after wandb.init: its prints reach the run from here
         return own
@@ -148,7 +142,7 @@ def _new_run(rank: int | None, kwargs: dict[str, Any], first_caller_hosts: bool)
             FunnelWarning,
             stacklevel=3,
         )
-    _warn_ignored({k: v for k, v in kwargs.items() if k != "config"}, _ATTACHED)
+    _warn_ignored({k: v for k, v in kwargs.items() if k != "config"}, _ATTACHED, run)
     return run
 
 
@@ -174,8 +168,31 @@ _ATTACHED = "attached to an existing funnel; these arguments belong to its owner
 _RETURNED = 'returned this unfinished run (reinit="finish_previous" starts a new one)'
 
 
-def _warn_ignored(kwargs: dict[str, Any], why: str) -> None:
-    ignored = sorted(k for k in kwargs if k not in FunnelOptions.NAMES)
+# Keywords a framework passes again to the run it means to continue (Lightning's WandbLogger
+# in a ddp_spawn rank: id=, resume="allow", its project, name and dir): nothing is lost in
+# ignoring them when they name the funnel's run, so nothing is said.
+_CONTINUING = frozenset({"resume", "reinit", "anonymous", "allow_val_change", "resume_from"})
+_RUN_NAMES = ("id", "name", "project", "entity", "group", "job_type")
+
+
+def _agrees(key: str, value: Any, run: Run) -> bool:
+    """``key=value`` of a wandb.init asks for what the funnel's run already is."""
+    if key in _CONTINUING:
+        return True
+    if key in _RUN_NAMES:
+        return bool(value == (run.id if key == "id" else run._run_info(key)))
+    if key == "dir" and isinstance(value, (str, os.PathLike)):
+        run_dir = str(run._run_info("dir") or "")
+        return bool(run_dir) and run_dir.startswith(os.path.abspath(os.fspath(value)))
+    return False
+
+
+def _warn_ignored(kwargs: dict[str, Any], why: str, run: Run | None = None) -> None:
+    ignored = sorted(
+        k
+        for k, v in kwargs.items()
+        if k not in FunnelOptions.NAMES and not (run is not None and _agrees(k, v, run))
+    )
     if ignored:
         warnings.warn(
             f"wandb-funnel: init() {why}, and ignored: {', '.join(ignored)}",

@@ -22,7 +22,8 @@ Media values appear in rows as plain dicts shaped after what wandb writes for th
 "table", "columns": [...], "data": [...]}`` (the files themselves are not kept).
 ``log_artifact`` and ``save`` are in ``cap.files``: one dict per file, ``{"op": "save" or
 "artifact", "name": its name in the run, "size": bytes}`` (and ``"artifact"``, ``"type"``
-for an artifact's).
+for an artifact's). ``cap.attributes`` holds what a rank set with ``run.name = ...``,
+``run.notes = ...`` and ``run.tags = [...]`` (the last value of each).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class CapturedRun:
         self.files: list[dict[str, Any]] = []  # log_artifact's and save's files, in order
         self.tensorboard: list[dict[str, Any]] = []  # the log directories ranks synced
         self.exit_code: int | None = None  # None: the run was never finished
+        # run.name / notes / tags as the ranks set them: the last value of each
+        self.attributes: dict[str, Any] = {}
         for entry in entries:
             kind, data = entry["kind"], entry["data"]
             if kind == "init":  # wandb.init's arguments, config among them
@@ -78,6 +81,8 @@ class CapturedRun:
                     self.files.append({"op": data["op"], **file, **extra})
             elif kind == "tensorboard":
                 self.tensorboard.append(data)
+            elif kind == "run":
+                self.attributes.update(data)
             elif kind == "finish":
                 self.exit_code = data["exit_code"]
 
@@ -144,6 +149,7 @@ class RunCapture:
             "exit_code",
             "init",
             "id",
+            "attributes",
         ):
             return getattr(self.run, name)
         raise AttributeError(name)

@@ -169,6 +169,34 @@ def test_stable_baselines3_ppo_under_wandb_funnel_run_matches_plain_wandb(
     assert funnel.summary["funnel/records"] == 0  # SB3 never calls wandb.log: all came from tb
 
 
+@pytest.mark.frameworks
+def test_sb3_with_wandbs_callback_gives_plain_wandbs_rows_keys_and_model(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """SB3's ``WandbCallback(gradient_save_freq=, model_save_path=)`` with
+    ``sync_tensorboard``: the gradient histograms (``commit=False``, from a process that never
+    commits) merge into tensorboard's rows as in plain wandb, and the model is saved with
+    ``base_path`` (issue 34: 19 rows against plain's 2, 396 late records, and no
+    ``model.zip``)."""
+    pytest.importorskip("stable_baselines3")
+    argv = [sys.executable, str(PROGRAMS / "client_sb3.py"), "--callback"]
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain-sb3-callback"))
+    (plain,), (funnel,) = side_by_side(
+        lambda: _run(plain_scripts, argv, {}), lambda: _run(scripts, [*FUNNEL_RUN, *argv], {})
+    )
+    assert len(funnel.history) == len(plain.history)
+    keys = {key for row in plain.history for key in row if key not in BOOKKEEPING}
+    assert any(key.startswith("gradients/") for key in keys)  # the histograms are there
+    assert {key for row in funnel.history for key in row if key not in BOOKKEEPING} == keys
+    assert [sorted(r) for r in funnel.history] == [sorted(r) for r in plain.history]
+    assert "model.zip" in plain.files and "model.zip" in funnel.files
+    assert (funnel.path.parent / "files" / "model.zip").stat().st_size > 0
+    assert funnel.summary["funnel/records"] > 0  # the histograms went through the funnel
+    assert funnel.summary["funnel/late_records"] == 0
+    assert funnel.summary["funnel/dropped_records"] == 0
+    assert funnel.summary.get("funnel/dropped_files", 0) == 0
+
+
 @pytest.mark.parametrize(
     ("scenario", "not_carried"),
     [("wf-init", ["sync_tensorboard", "monitor_gym"]), ("installed", ["capture_loggers"])],

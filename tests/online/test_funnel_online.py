@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ScriptResult, Scripts, program, reports
 from tests.online.conftest import Online
-from tests.wandb_reader import WandbRun, read_run
+from tests.wandb_reader import WandbRun, read_run, step_of
 
 pytestmark = [pytest.mark.online, pytest.mark.processes]
 
@@ -28,9 +28,9 @@ RANKS = ["ranks", "--workers", str(WORKERS), "--steps", str(STEPS)]
 
 def _rows_of_every_rank(history: list[dict[str, Any]]) -> None:
     """Each step's row holds every rank's key once, and the mean of their losses."""
-    assert [int(row["global_step"]) for row in history] == list(range(STEPS))
+    assert [int(step_of(row)) for row in history] == list(range(STEPS))
     for row in history:
-        step = int(row["global_step"])
+        step = int(step_of(row))
         assert {row[f"w{r}"] for r in range(WORKERS + 1)} == {step}
         assert row["loss"] == pytest.approx(1.0 / (step + 1))
 
@@ -268,9 +268,9 @@ def test_a_run_a_restarted_logger_continued_uploads_every_step_once(
         _run_sync(command.split(), online, scripts)
     server = online.server.run("restart", run_id, proxy=online.proxy)
     for worker in ("w1", "w2"):
-        seen = Counter(row["global_step"] for row in server.history if worker in row)
+        seen = Counter(step_of(row) for row in server.history if worker in row)
         assert sorted(seen) == list(range(600)) and set(seen.values()) == {1}, worker
-    assert sorted(row["_step"] for row in server.history) == list(range(600))
+    assert sorted(step_of(row) for row in server.history) == list(range(600))
 
 
 @pytest.mark.parametrize("kill", ["logger", "core"])
@@ -294,6 +294,6 @@ def test_online_a_restarted_logger_continues_the_run_on_the_server(
     _run_sync(commands[0].split(), online, scripts)
     server = online.server.run("restart", run_id, proxy=online.proxy)
     for worker in ("w1", "w2"):
-        seen = Counter(row["global_step"] for row in server.history if worker in row)
+        seen = Counter(step_of(row) for row in server.history if worker in row)
         assert sorted(seen) == list(range(600)), (worker, sorted(set(range(600)) - set(seen)))
         assert set(seen.values()) == {1}, worker

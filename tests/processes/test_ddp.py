@@ -109,9 +109,9 @@ def test_mode_scope_matrix_on_two_nodes(
         run = got[run_id]
         assert run.group == group
         assert run.exit_code == 0
-        assert [r["global_step"] for r in run.history] == list(range(STEPS))
+        assert [r["_step"] for r in run.history] == list(range(STEPS))
         for row in run.history:
-            step = row["global_step"]
+            step = row["_step"]
             if mode == "shared":
                 for rank in ranks:
                     assert row[f"loss/rank{rank}"] == pytest.approx(expected_loss(rank, step))
@@ -142,9 +142,9 @@ def test_single_node_four_ranks(scripts: Scripts, scope: str) -> None:
     assert results[0].returncode == 0, results[0].stderr[-12000:]
     (run,) = find_runs(scripts.wandb_dir)
     assert run.run_id == "base"
-    assert [r["global_step"] for r in run.history] == list(range(STEPS))
+    assert [r["_step"] for r in run.history] == list(range(STEPS))
     for row in run.history:
-        want = sum(expected_loss(r, row["global_step"]) for r in range(4)) / 4
+        want = sum(expected_loss(r, row["_step"]) for r in range(4)) / 4
         assert row["loss"] == pytest.approx(want), (row, run.history, run.summary)
     assert run.summary["funnel/ranks"] == 4
     assert leftovers_empty(scripts)
@@ -207,7 +207,7 @@ def test_sigterm_to_torchrun_drains_and_finishes(scripts: Scripts) -> None:
     assert res.returncode != 0
     (run,) = find_runs(scripts.wandb_dir)
     assert run.exit_code == 143
-    steps = [r["global_step"] for r in run.history]
+    steps = [r["_step"] for r in run.history]
     assert steps == sorted(steps) and steps[:4] == [0, 1, 2, 3]
     assert res.leftovers == []
 
@@ -223,7 +223,7 @@ def test_unauthenticated_clients_are_rejected_and_counted(scripts: Scripts) -> N
     (run,) = find_runs(scripts.wandb_dir)
     assert run.summary["funnel/rejected_peers"] >= 2
     assert run.summary["funnel/junk_frames"] == 0
-    assert [r["global_step"] for r in run.history] == list(range(STEPS))
+    assert [r["_step"] for r in run.history] == list(range(STEPS))
     assert "refused" in results[0].stderr
     assert leftovers_empty(scripts)
 
@@ -257,7 +257,7 @@ def test_ddp_example_trains_and_logs(scripts: Scripts) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = find_runs(scripts.wandb_dir)
     assert run.run_id == "digits" and run.exit_code == 0
-    steps = [r["global_step"] for r in run.history]
+    steps = [r["_step"] for r in run.history]
     assert steps == sorted(steps)
     assert len(run.column("eval/acc")) == 2
     assert all(0 <= acc <= 1 for _, acc in run.column("eval/acc"))

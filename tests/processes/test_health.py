@@ -123,7 +123,7 @@ def test_a_nan_on_one_rank_is_named_and_counted(scripts: Scripts) -> None:
     assert "rank 1 logged nan for 'loss' at step 25" in err
     (run,) = find_runs(scripts.wandb_dir)
     assert run.summary["funnel/nonfinite"] >= 1
-    row = next(r for r in run.history if r["global_step"] == 25)
+    row = next(r for r in run.history if r["_step"] == 25)
     assert str(row["loss"]).lower() == "nan"  # the row is written as it was: a NaN mean
 
 
@@ -170,7 +170,7 @@ def test_spread_names_the_straggler_and_status_shows_the_job(scripts: Scripts) -
         assert r["last_step"] >= 5 and r["state"] in ("alive", "silent")
     assert "rank 2 is a straggler" in err
     (run,) = find_runs(scripts.wandb_dir)
-    late = [r for r in run.history if r["global_step"] >= 12]
+    late = [r for r in run.history if r["_step"] >= 12]
     assert late and all(r["step_time/max_rank"] == 2 for r in late)
     assert all(r["step_time/max"] > 0.2 for r in late)
     assert run.summary["funnel/stragglers"] == [2]

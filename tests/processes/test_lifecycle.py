@@ -28,7 +28,7 @@ def test_exception_in_block_exits_1(scripts: Scripts) -> None:
     assert res.returncode == 1 and "boom" in res.stderr
     run = only_run(scripts.wandb_dir)
     assert run.exit_code == 1
-    assert [r["global_step"] for r in run.history] == list(range(50))
+    assert [r["_step"] for r in run.history] == list(range(50))
     assert res.leftovers == []
 
 
@@ -63,12 +63,12 @@ def test_private_funnel_is_like_wandb_init(scripts: Scripts) -> None:
     run = only_run(scripts.wandb_dir)
     assert info["rank"] == 0 and info["id"] == run.run_id
     assert info["after_env"] is None
-    rows = [{k: v for k, v in r.items() if not k.startswith("_")} for r in run.history]
+    rows = [{k: v for k, v in r.items() if k == "_step" or k[0] != "_"} for r in run.history]
     # wandb's step rules per rank: commit=False accumulates; an explicit step stays open.
     assert rows == [
-        {"a": 1, "global_step": 0},
-        {"a": 2, "b": 3, "global_step": 1},
-        {"c": 5, "d": 6, "global_step": 5},
+        {"a": 1, "_step": 0},
+        {"a": 2, "b": 3, "_step": 1},
+        {"c": 5, "d": 6, "_step": 5},
     ]
     assert run.summary["best"] == 9
     assert run.config["lr"] == 0.5 and run.config["extra"] is True
@@ -221,7 +221,7 @@ def test_owner_killed_logger_exits_by_itself(scripts: Scripts) -> None:
         time.sleep(0.1)
     assert not psutil.pid_exists(logger) or psutil.Process(logger).status() == "zombie"
     run = only_run(scripts.wandb_dir)
-    assert [r["global_step"] for r in run.history] == list(range(100))
+    assert [r["_step"] for r in run.history] == list(range(100))
     assert not os.path.exists(os.path.dirname(info["address"][len("ipc://") :]))
     assert res.leftovers == []
 
@@ -246,7 +246,7 @@ def test_logger_crash_loses_at_most_a_second(scripts: Scripts) -> None:
     res = scripts.run_file(LIFECYCLE, ["logger-crash-loses-at-most-a-second"])
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
-    assert [r["global_step"] for r in run.history] == list(range(200))
+    assert [r["_step"] for r in run.history] == list(range(200))
 
 
 def test_funnels_one_after_another_in_one_process(scripts: Scripts) -> None:

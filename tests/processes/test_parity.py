@@ -180,3 +180,40 @@ def test_the_footer_shows_a_users_own_global_step_as_plain_wandb_does(
 
     assert steps(funnel.stdout + funnel.stderr) == steps(plain.stdout + plain.stderr)
     assert any(line.endswith("global_step 6000") for line in steps(plain.stdout + plain.stderr))
+
+
+def _wandb_lines(terminal: str) -> list[str]:
+    """The lines wandb printed, paths and run ids out (each run has its own)."""
+    lines = [line for line in terminal.splitlines() if line.startswith("wandb:")]
+    return [re.sub(r"(\./)?wandb/offline-run-\S+|/\S+", "<path>", line) for line in lines]
+
+
+def test_a_script_that_never_finishes_prints_what_plain_wandb_prints(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """No "Run history:" / "Run summary:" block where plain wandb's exit hook prints none,
+    and nothing of the funnel's own on a normal run (issue 34, item 6)."""
+    from tests.conftest import side_by_side
+
+    command = [sys.executable, str(PROGRAMS / "no_finish.py")]
+    env = {"WANDB_SILENT": "false"}
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain-no-finish"))
+    plain, funnel = side_by_side(
+        lambda: plain_scripts.run_command(command, env),
+        lambda: scripts.run_command([*VARIANTS["run"][:-2], *command], env),
+    )
+    assert plain.returncode == 0 and funnel.returncode == 0, funnel.stderr[-3000:]
+    assert only_run(scripts.wandb_dir).summary["funnel/records"] == 3  # through the funnel
+    plain_lines = _wandb_lines(plain.stdout + plain.stderr)
+    funnel_lines = _wandb_lines(funnel.stdout + funnel.stderr)
+    assert not any("Run history" in line or "Run summary" in line for line in plain_lines)
+    assert [line for line in funnel_lines if line != "wandb: "] == [
+        line for line in plain_lines if line != "wandb: "
+    ]
+    others = [
+        line
+        for line in (funnel.stdout + funnel.stderr).splitlines()
+        if line.strip() and not line.startswith("wandb:")
+    ]
+    assert others == [], others
+    assert leftover_processes(scripts.mark) == []

@@ -42,7 +42,7 @@ def test_pool_workers_log_every_step(scripts: Scripts, method: str) -> None:
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     run = only_run(scripts.wandb_dir)
-    steps = [row["global_step"] for row in run.history]
+    steps = [row["_step"] for row in run.history]
     assert steps == list(range(60))
     assert [v for _, v in run.column("score")] == [n * n for n in range(60)]
     assert run.column("lr") == [(0, 0.1)]
@@ -61,7 +61,7 @@ def test_example_pool_spawn_4x200(scripts: Scripts) -> None:
     per step in step order, loss reduced by mean and throughput by sum, exit code 0."""
     run_example(scripts, "pool_spawn.py", "--workers", "4", "--steps", "200")
     run = only_run(scripts.wandb_dir)
-    assert [row["global_step"] for row in run.history] == list(range(200))
+    assert [row["_step"] for row in run.history] == list(range(200))
     assert run.exit_code == 0
     assert run.summary["funnel/records"] == 801
     assert run.summary["funnel/dropped_records"] == 0

@@ -11,22 +11,32 @@ from typing import Any
 import pytest
 
 from tests.conftest import MARK_VAR, Scripts, program, reports
-from tests.wandb_reader import WandbRun, find_runs
+from tests.wandb_reader import WandbRun, find_runs, read_run, step_of
 
 pytestmark = [pytest.mark.processes]
 RESTART = program("restart")
 STEPS = 600
+ATTRIBUTES = ("set-by-rank-2", "notes of rank 2", ["r2", "restart"])  # restart.py's
 
 
 def _every_step_once(run: WandbRun, steps: int = STEPS) -> None:
     for worker in ("w1", "w2"):
-        seen = collections.Counter(row["global_step"] for row in run.history if worker in row)
+        seen = collections.Counter(step_of(row) for row in run.history if worker in row)
         missing = sorted(set(range(steps)) - set(seen))
         twice = sorted(step for step, n in seen.items() if n > 1)
         assert not missing and not twice, f"{worker}: missing {missing[:20]}, twice {twice[:20]}"
-        assert all(row[worker] == row["global_step"] for row in run.history if worker in row)
+        assert all(row[worker] == step_of(row) for row in run.history if worker in row)
     # one row per step: the rows of the two workers merged, as without a restart
-    assert sorted(row["global_step"] for row in run.history) == list(range(steps))
+    assert sorted(step_of(row) for row in run.history) == list(range(steps))
+
+
+def _attributes_in_every_segment(run: WandbRun) -> None:
+    """What worker 2 set (``--attributes``) before the first death: every segment's last run
+    record says it, a restarted logger's too (issue 34)."""
+    name, notes, tags = ATTRIBUTES
+    for segment in run.segments:
+        seen = read_run(segment)
+        assert (seen.name, seen.notes, seen.tags) == (name, notes, tags), segment
 
 
 def _the_run(scripts: Scripts, info: dict[str, Any]) -> WandbRun:
@@ -39,8 +49,10 @@ def _the_run(scripts: Scripts, info: dict[str, Any]) -> WandbRun:
 def test_a_killed_logger_or_wandb_core_costs_no_step(scripts: Scripts, kill: str) -> None:
     """SIGKILL to the logger (or its wandb-core) once both workers are past step 150: the
     owner starts a new logger, which continues the run in a new segment; the workers resend
-    what was not saved; every step is in the run once; the job exits 0."""
-    res = scripts.run_file(RESTART, ["kill-mid-run", "--kill", kill], timeout=120)
+    what was not saved; every step is in the run once; the job exits 0. The name, notes and
+    tags a worker set are the new segment's too."""
+    args = ["kill-mid-run", "--kill", kill, "--attributes"]
+    res = scripts.run_file(RESTART, args, timeout=120)
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["workers_exit"] == [0, 0]
@@ -52,12 +64,13 @@ def test_a_killed_logger_or_wandb_core_costs_no_step(scripts: Scripts, kill: str
     assert run.exit_code == 0
     assert run.summary["funnel/logger_restarts"] == 1
     assert run.summary["funnel/replayed_records"] > 0
+    _attributes_in_every_segment(run)
     assert run.summary["funnel/records"] == 2 * STEPS
     assert run.summary["funnel/rows"] == STEPS
     assert run.summary["funnel/dropped_records"] == 0
     assert info["stats"]["funnel/records"] == 2 * STEPS
     # wandb's own step counter runs on across the segments, as in one process
-    assert [row["_step"] for row in run.history] == list(range(STEPS))
+    assert [step_of(row) for row in run.history] == list(range(STEPS))
     # each segment's own sync command, in order
     for segment in run.segments:
         assert f"wandb sync {segment.parent}" in res.stderr
@@ -82,7 +95,7 @@ def test_a_rank_far_behind_when_the_logger_dies_loses_nothing(scripts: Scripts, 
     assert info["workers_exit"] == [0, 0] and info["restarts"] == 1
     run = _the_run(scripts, info)
     for worker in ("w1", "w2"):  # late rows repeat a step: each worker's records, once
-        seen = collections.Counter(row["global_step"] for row in run.history if worker in row)
+        seen = collections.Counter(step_of(row) for row in run.history if worker in row)
         missing = sorted(set(range(STEPS)) - set(seen))
         twice = sorted(step for step, n in seen.items() if n > 1)
         assert not missing and not twice, f"{worker}: missing {missing[:30]}, twice {twice[:20]}"
@@ -101,7 +114,7 @@ def test_images_of_rows_not_yet_saved_survive_the_logger(scripts: Scripts) -> No
     run = _the_run(scripts, info)
     _every_step_once(run)
     for worker in ("img1", "img2"):
-        steps = sorted(row["global_step"] for row in run.history if f"{worker}._type" in row)
+        steps = sorted(step_of(row) for row in run.history if f"{worker}._type" in row)
         assert steps == list(range(0, STEPS, 10)), (worker, steps)
         types = {row[f"{worker}._type"] for row in run.history if f"{worker}._type" in row}
         assert types == {"image-file"}
@@ -113,7 +126,7 @@ def test_images_of_rows_not_yet_saved_survive_the_logger(scripts: Scripts) -> No
 def test_three_logger_deaths_in_one_job(scripts: Scripts) -> None:
     """The logger is killed three times (each once the workers logged 50 steps with the one
     before): three restarts, four segments, every step once."""
-    args = ["kill-mid-run", "--kill", "logger", "--times", "3", "--delay", "0.03"]
+    args = ["kill-mid-run", "--kill", "logger", "--times", "3", "--delay", "0.03", "--attributes"]
     res = scripts.run_file(RESTART, args, 180)
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
@@ -122,6 +135,7 @@ def test_three_logger_deaths_in_one_job(scripts: Scripts) -> None:
     assert len(run.segments) == 4, run.segments
     _every_step_once(run)
     assert run.summary["funnel/logger_restarts"] == 3
+    _attributes_in_every_segment(run)
     assert run.summary["funnel/records"] == 2 * STEPS
     assert res.leftovers == []
 
@@ -138,7 +152,7 @@ def test_past_the_restart_bound_the_funnel_says_so(scripts: Scripts) -> None:
     assert "is not started again" in res.stderr
     run = _the_run(scripts, info)
     assert len(run.segments) == 2
-    steps = {row["global_step"] for row in run.history}
+    steps = {step_of(row) for row in run.history}
     assert set(range(200)) <= steps  # everything saved before the second death
     assert "records from this rank may be missing" in res.stderr
     assert res.leftovers == []

@@ -20,9 +20,9 @@ def test_auto_mode_reduces_like_all_gather(scripts: Scripts) -> None:
     assert res.returncode == 0, res.stderr
     assert reports(res.stdout)["codes"] == [0, 0, 0]
     run = only_run(scripts.wandb_dir)
-    assert [r["global_step"] for r in run.history] == list(range(20))
+    assert [r["_step"] for r in run.history] == list(range(20))
     for row in run.history:
-        s = row["global_step"]
+        s = row["_step"]
         assert row["loss"] == pytest.approx(sum(r * 10 + s for r in (1, 2, 3)) / 3)
         assert row["tput"] == 3.0
         assert row["only2"] == s
@@ -36,7 +36,7 @@ def test_shared_mode_keeps_every_rank(scripts: Scripts) -> None:
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     for row in run.history:
-        s = row["global_step"]
+        s = row["_step"]
         assert row["loss/rank1"] == 10 + s and row["loss/rank2"] == 20 + s
         assert row["loss"] == 20 + s
         assert "tput" not in row and row["tput/rank1"] == 1.0
@@ -49,7 +49,7 @@ def test_rare_rank_lands_at_its_steps_without_stalling(scripts: Scripts) -> None
     res = scripts.run_file(SEMANTICS, ["rare-rank"])
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
-    assert [r["global_step"] for r in run.history] == list(range(200))
+    assert [r["_step"] for r in run.history] == list(range(200))
     assert run.column("only3") == [(0, 0), (50, 50), (100, 100), (150, 150)]
     assert run.summary["funnel/late_records"] == 0
 
@@ -61,15 +61,14 @@ def test_late_record_is_logged_at_its_step_and_counted(scripts: Scripts) -> None
     res = scripts.run_file(SEMANTICS, ["late-record"])
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
-    assert run.column("late") == [(5, 5)]
+    assert run.column("late", "global_step") == [(5, 5)]  # its own step, kept
     assert run.summary["funnel/late_records"] == 1
     assert run.summary["funnel/records"] == 21
-    steps = [r["global_step"] for r in run.history]
-    assert steps[:20] == list(range(20)) and steps[20] == 5
-    # The x-axis declaration that makes this work is in the run.
-    assert any(
-        m.get("glob_name") == "*" and m.get("step_metric") == "global_step" for m in run.metrics
-    )
+    steps = [r["_step"] for r in run.history]
+    assert steps == list(range(21))  # the late row at the next free step
+    # Only the late row carries the step key; no axis of the funnel's is declared.
+    assert [r for r in run.history if "global_step" in r] == [run.history[20]]
+    assert run.metrics == []
 
 
 def test_worker_config_and_summary_reach_the_run(scripts: Scripts) -> None:

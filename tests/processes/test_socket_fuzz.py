@@ -95,7 +95,7 @@ def test_logger_survives_and_counts_100k_fuzzed_frames(scripts: Scripts) -> None
     assert stats["funnel/records"] == 1 + steady + 50
     assert stats["funnel/dropped_records"] == 0
     keys = {k for row in run.history for k in row if not k.startswith("_")}
-    assert keys == {"before", "steady", "after", "global_step"}
+    assert keys == {"before", "steady", "after"}
     assert "lr" not in run.config and "best" not in run.summary
     # Ranks: the owner, the two workers and one per fuzz peer (its closing hello).
     assert stats["funnel/ranks"] == 3 + CHUNKS
@@ -170,5 +170,5 @@ def test_raw_garbage_below_zeromq_is_refused_and_counted(scripts: Scripts) -> No
     assert run.exit_code == 0
     assert [v for _, v in run.column("after")] == list(range(20))
     keys = {k for row in run.history for k in row if not k.startswith("_")}
-    assert keys == {"before", "after", "global_step"}
+    assert keys == {"before", "after"}
     assert stats["funnel/ranks"] == 2

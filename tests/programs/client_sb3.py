@@ -2,10 +2,16 @@
 CartPole-v1 logs through SB3's own logger into tensorboard (``tensorboard_log=``), and
 ``wandb.init(sync_tensorboard=True)`` brings the events into the run. Nothing is downloaded.
 
+``--callback`` adds wandb's ``WandbCallback`` as its docs show it: gradient histograms every
+``gradient_save_freq`` steps (``wandb.watch``, logged with ``commit=False`` by a process that
+never commits a row itself) and the model saved with ``wandb.save(..., base_path=)``.
+
 Plain wandb code (run under ``wandb-funnel run --`` unchanged).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import wandb
@@ -28,7 +34,12 @@ def main() -> None:
         verbose=0,
         tensorboard_log=f"runs/{run.id}",
     )
-    model.learn(total_timesteps=timesteps)
+    callback = None
+    if "--callback" in sys.argv:
+        from wandb.integration.sb3 import WandbCallback
+
+        callback = WandbCallback(gradient_save_freq=100, model_save_path=f"models/{run.id}")
+    model.learn(total_timesteps=timesteps, callback=callback)
     run.finish()
 
 

@@ -1,10 +1,11 @@
 """The owner processes of tests/processes/test_restart.py: a part of the funnel dies mid-run.
 
     python restart.py kill-mid-run --kill logger|core|owner|none [--times N] [--max-restarts N]
-        [--lag S] [--at STEP]
+        [--lag S] [--at STEP] [--attributes]
 
 Two spawn workers log ``{"loss", "w<i>"}`` at each of ``--steps`` steps, ``--delay`` apart
-(worker 2 attaches ``--lag`` seconds after worker 1: far behind it, its records are late).
+(worker 2 attaches ``--lag`` seconds after worker 1: far behind it, its records are late;
+with ``--attributes`` it sets ``run.name``, ``notes`` and ``tags`` first).
 Once both are past step ``--at`` (150) the owner SIGKILLs the logger, the logger's wandb-core,
 or itself, as an OOM kill would; a later kill waits for the new logger, and 50 more steps.
 It REPORTs what it killed and, if it lives, the funnel's accounting; the test reads every
@@ -25,13 +26,22 @@ from _prelude import Scenarios, option, report
 import wandb_funnel as wf
 
 scenario = Scenarios(__doc__)
+ATTRIBUTES = ("set-by-rank-2", "notes of rank 2", ["r2", "restart"])  # with --attributes
 
 
 def work(
-    i: int, progress: Any, steps: int, delay: float, media: bool = False, lag: float = 0.0
+    i: int,
+    progress: Any,
+    steps: int,
+    delay: float,
+    media: bool = False,
+    lag: float = 0.0,
+    attributes: bool = False,
 ) -> None:
     time.sleep(lag)
     run = wf.init()  # attaches to the owner's funnel (its address is in the environment)
+    if attributes and i == 2:  # a restarted logger's segment must say them too
+        run.name, run.notes, run.tags = ATTRIBUTES[0], ATTRIBUTES[1], ATTRIBUTES[2]
     for step in range(steps):
         data: dict[str, Any] = {"loss": step * 0.1, f"w{i}": step}
         if media and step % 10 == 0:  # an image of its own every 10 steps
@@ -90,6 +100,7 @@ def _wait(cond: Any, what: str, timeout: float = 60.0) -> None:
     option("--media", action="store_true"),
     option("--lag", type=float, default=0.0),
     option("--at", type=int, default=150),
+    option("--attributes", action="store_true"),
 )
 def kill_mid_run(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
@@ -99,7 +110,15 @@ def kill_mid_run(args: argparse.Namespace) -> None:
         workers = [
             ctx.Process(
                 target=work,
-                args=(i, progress, args.steps, args.delay, args.media, args.lag * (i == 2)),
+                args=(
+                    i,
+                    progress,
+                    args.steps,
+                    args.delay,
+                    args.media,
+                    args.lag * (i == 2),
+                    args.attributes,
+                ),
             )
             for i in (1, 2)
         ]

@@ -37,7 +37,7 @@ def test_every_rank_reaches_the_capture_and_wandb_is_never_imported() -> None:
             for p in workers:
                 p.join(60)
             assert [p.exitcode for p in workers] == [0, 0]
-    assert [row["global_step"] for row in cap.rows] == list(range(20))
+    assert [row["_step"] for row in cap.rows] == list(range(20))
     assert [row["loss"] for row in cap.rows] == [float(2 * s + 1) for s in range(20)]  # sum
     assert [row["w1"] for row in cap.rows] == list(range(20))
     assert cap.rows[0]["lr"] == 0.1

@@ -67,10 +67,11 @@ class Continuation(NamedTuple):
     # Of those, the steps of rows written after the dead logger's last state: the records
     # resent for them are counted as the run's (the state could not count them).
     steps_after_state: frozenset[Any]
-    run_data: dict[str, Any]  # {"config", "summary", "metrics"}
+    run_data: dict[str, Any]  # {"config", "summary", "metrics", "run"}
     # rank -> the dead logger had taken in its records below this, and no others: a resent
     # record at or above it is in none of the dead logger's rows, whatever its step.
     taken: dict[int, int]
+    next_step: int = 0  # the step after the last row of the earlier segments (wandb's _step)
 
     @classmethod
     def empty(cls) -> Continuation:
@@ -182,9 +183,9 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
     if isinstance(current, dict):
         _wait_until_final(current)
         unsaved_from = int(state.get("segment_unsaved_from") or 0)
-        rows, after = steps_after(current, step_key, unsaved_from)
+        rows, after, next_step = steps_after(current, step_key, unsaved_from)
         steps = frozenset(s for s in after if isinstance(s, (int, float, str)))
-        segments.append({"segment": current, "rows": rows})
+        segments.append({"segment": current, "rows": rows, "next_step": next_step})
         recent = [int(n) for n in state.get("recent_rows") or []]
         records += sum(recent[: max(0, rows - unsaved_from)])
         # The state counted the media of every row handed to wandb; those of rows its file
@@ -208,17 +209,20 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
         steps_after_state=unstated,
         run_data=run_data,
         taken=taken,
+        next_step=max((int(s.get("next_step") or 0) for s in segments), default=0),
     )
 
 
 class RunData:
-    """The run's config, summary and metric definitions as the ranks set them: what a
-    restarted logger gives the new segment."""
+    """The run's config, summary and metric definitions, and its name, notes and tags, as
+    the ranks set them: what a restarted logger gives the new segment."""
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.config: dict[str, Any] = dict(data.get("config") or {})
         self.summary: dict[str, Any] = dict(data.get("summary") or {})
         self.metrics: list[dict[str, Any]] = list(data.get("metrics") or [])
+        # run.name / notes / tags, the last value set of each (a RUN update's keys)
+        self.run: dict[str, Any] = dict(data.get("run") or {})
         self.changed = False
 
     def config_update(self, data: dict[str, Any]) -> None:
@@ -239,5 +243,14 @@ class RunData:
             self.metrics.append(data)
             self.changed = True
 
+    def run_update(self, data: dict[str, Any]) -> None:
+        self.run.update(data)
+        self.changed = True
+
     def to_json(self) -> dict[str, Any]:
-        return {"config": self.config, "summary": self.summary, "metrics": self.metrics}
+        return {
+            "config": self.config,
+            "summary": self.summary,
+            "metrics": self.metrics,
+            "run": self.run,
+        }

@@ -33,7 +33,7 @@ from typing import Any
 class Row:
     """One step's data: ``parts`` maps each rank to its records at that step, merged."""
 
-    __slots__ = ("late", "parts", "records", "step")
+    __slots__ = ("committed", "late", "parts", "records", "step")
 
     def __init__(
         self, step: int, parts: dict[int, dict[str, Any]] | None = None, late: bool = False
@@ -42,15 +42,19 @@ class Row:
         self.parts: dict[int, dict[str, Any]] = {} if parts is None else parts
         self.records = 0
         self.late = late
+        self.committed = False  # a record at this step committed it (wandb's commit=True)
 
     def __repr__(self) -> str:
         return (
-            f"Row(step={self.step}, parts={self.parts!r}, records={self.records}, late={self.late})"
+            f"Row(step={self.step}, parts={self.parts!r}, records={self.records}, "
+            f"late={self.late}, committed={self.committed})"
         )
 
-    def add(self, rank: int, data: dict[str, Any]) -> None:
+    def add(self, rank: int, data: dict[str, Any], committed: bool = True) -> None:
         """Merge ``data``, which the row now owns: the receiver decoded it for this row alone,
         and the row builder copies what it returns (``test_rows_own_their_data``)."""
+        if committed:
+            self.committed = True
         part = self.parts.get(rank)
         if part is None:
             self.parts[rank] = data
@@ -98,14 +102,14 @@ class Reorderer:
             late = self._late.get(step)
             if late is None:
                 late = self._late[step] = Row(step, late=True)
-            late.add(rank, data)
+            late.add(rank, data, committed)
             self.late_records += 1
             return
         row = self._rows.get(step)
         if row is None:
             row = self._rows[step] = Row(step)
             self._new_row(step, now)
-        row.add(rank, data)
+        row.add(rank, data, committed)
 
     def _new_row(self, step: int, now: float) -> None:
         heapq.heappush(self._heap, step)
@@ -141,6 +145,8 @@ class Reorderer:
             else:
                 part.update(data)
             row.records += 1
+            if committed:
+                row.committed = True
         return top
 
     def rank_expected(self, rank: int) -> None:

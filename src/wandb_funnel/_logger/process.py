@@ -159,6 +159,7 @@ class Logger:
             RowBuilder(mode, options.reduce, options.step_key, warn, self._on_spread),
             name,
             MediaFiles(staging, warn),
+            options.step_key,
         )
         writer.saves = SaveTracker(self._before.saved if name == self._run_id else None)
         return writer
@@ -227,8 +228,9 @@ class Logger:
         self._write_state()
 
     def _continue_run(self, writer: RunWriter) -> None:
-        """A restarted logger's run: the config, summary and metric definitions the ranks
-        gave the dead one, then one line in the run's console that says what happened."""
+        """A restarted logger's run: the config, summary, metric definitions and name,
+        notes and tags the ranks gave the dead one, then one line in the run's console that
+        says what happened."""
         data = self._run_data
         if data.config:
             writer.update(UpdateKind.CONFIG, dict(data.config))
@@ -236,12 +238,11 @@ class Logger:
             writer.update(UpdateKind.METRIC, dict(metric))
         if data.summary:
             writer.update(UpdateKind.SUMMARY, dict(data.summary))
+        if data.run:  # run.name / notes / tags: the new segment's run record says them too
+            writer.update(UpdateKind.RUN, dict(data.run))
         before = self._before
-        if writer.sink is not None:
-            try:  # the run's own step counter goes on where the dead logger's stopped
-                writer.sink.continue_run(before.rows)
-            except Exception as exc:
-                log_to_stderr(f"could not continue the run's step counter: {exc!r}")
+        # The run's _step goes on past the dead logger's last row: a row below it is late.
+        writer.steps.next_step = before.next_step
         line = (
             f"wandb-funnel: the logger was restarted (restart {before.generation}); the run "
             f"continues in a new segment; {before.rows} rows are in the earlier ones\n"
@@ -421,6 +422,10 @@ class Logger:
             if self._per_rank is None:
                 self._keep_run_data(event.kind, event.data)
             self._writer_for(event.rank).update(event.kind, event.data, event.rank, late)
+            if event.kind is UpdateKind.RUN and self._per_rank is None:
+                # ranks that ask later (a Welcome, the run-info file) get the new name
+                info = self._receiver.run_info = self.run_info()
+                continuity.write_json(self._ipc_dir, RUN_INFO_FILE, info)
 
     def _ended(self, event: Ended) -> None:
         self._active.discard(event.rank)
@@ -583,6 +588,8 @@ class Logger:
             self._run_data.summary_update(data)
         elif kind is UpdateKind.METRIC:
             self._run_data.metric(data)
+        elif kind is UpdateKind.RUN:
+            self._run_data.run_update(data)
 
     # -- what is saved, and what a successor needs ---------------------------------------------
     def _note_saved(self, now: float) -> None:
@@ -758,7 +765,7 @@ class Logger:
         out = {
             "funnel/records": sum(c.records for c in writers),
             "funnel/rows": sum(c.rows for c in writers),
-            "funnel/late_records": sum(c.order.late_records for c in writers),
+            "funnel/late_records": sum(c.late_records for c in writers),
             "funnel/dropped_records": sum(c.dropped for c in writers) + rx.dropped,
             # after a restart, the ranks the dead loggers had too (ended ones do not come back)
             "funnel/ranks": max(rx.ranks, len(self._before.ranks)),
@@ -834,6 +841,10 @@ class Logger:
         if None in self._writers:
             self._writers[None].earlier = self._earlier_segments()
         for key, writer in self._writers.items():
+            if not self._receiver.footer:  # the program never called finish(): none printed
+                quiet = getattr(writer.sink, "without_footer", None)
+                if quiet is not None:
+                    quiet()
             # run_mode="new": a rank still unfinished at close did not finish in time.
             unfinished = key is not None and key in self._active
             code = owner_code or EXIT_RANK_DIED if unfinished else exit_code

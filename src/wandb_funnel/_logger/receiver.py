@@ -158,6 +158,7 @@ class Receiver(threading.Thread):
         self._room = threading.Lock()
         self._max_queued = max_queued_records
         self.closer: bytes | None = None
+        self.footer = True  # the owner's CLOSE: print wandb's end-of-run footer
         # The owner's CLOSE goes here, out of band of the events: behind a backlog of queued
         # records the writer would see it only after writing them all, past its deadline.
         self.close_requests = close_requests if close_requests is not None else CloseRequests()
@@ -318,6 +319,7 @@ class Receiver(threading.Thread):
                 self.rejected_peers += 1
             elif self.closer is None:
                 self.closer = identity
+                self.footer = message.footer
                 self.close_requests.ask(message.exit_code, message.budget, "closed by the owner")
             return
         peer = self._peers.get(identity)

@@ -197,8 +197,7 @@ class RowBuilder:
         self._explicit = dict(reduce)
         self._globs = [(k, v) for k, v in self._explicit.items() if any(c in k for c in "*?[")]
         self._step_key = step_key
-        # Set once a rank logs ``step_key`` itself: from then on the key is the user's (their
-        # values are written, never the funnel's step), as plain wandb would keep them.
+        # Set once a rank logs ``step_key`` itself: the key is the user's then.
         self.user_step_key = False
         self._cache: dict[str, str | None] = {}
 
@@ -217,26 +216,15 @@ class RowBuilder:
         self._cache[key] = name
         return name
 
-    def _put_step(self, out: dict[str, Any], step: int) -> None:
-        """The row's step under ``step_key``, unless the key is the user's: a user's own
-        ``global_step`` (many scripts, and wandb's tensorboard sync, log one) is never
-        overwritten. Said once; rows written before the user's first value keep the step."""
-        if not self.user_step_key:
-            if self._step_key not in out:
-                out[self._step_key] = step
-                return
+    def _note_step_key(self, out: dict[str, Any]) -> None:
+        """A rank logs ``step_key`` itself: the key is the user's (wandb's end-of-run footer
+        shows it, and a late row keeps the user's value there)."""
+        if not self.user_step_key and self._step_key in out:
             self.user_step_key = True
-            if self._warn is not None:
-                self._warn(
-                    f"a rank logs its own {self._step_key!r}, the funnel's x-axis key "
-                    f"(step_key): its values are kept as logged, and the funnel's step is no "
-                    f"longer written under that key; pass step_key= another name to chart "
-                    f"against the funnel's step"
-                )
 
     def build(self, row: Row) -> dict[str, Any]:
-        """The dict to log for ``row``; its ``step_key`` is the row's step, unless a rank
-        logs that key itself (``_put_step``)."""
+        """The dict to log for ``row``: the ranks' keys only (the row's step is where the
+        writer places it, ``_logger/steps.py``)."""
         if self._mode == "shared":
             return self._build_shared(row)
         parts = row.parts
@@ -269,7 +257,7 @@ class RowBuilder:
                     self._spread(out, key, values, ranks, row.step)
                     continue
                 out[key] = _reduce(name, values, ranks, key, self._warn)
-        self._put_step(out, row.step)
+        self._note_step_key(out)
         return out
 
     def _spread(
@@ -298,5 +286,5 @@ class RowBuilder:
                 self._spread(out, key, values, ranks_by_key[key], row.step)
             elif asked is not None:
                 out[key] = _reduce(asked, values, ranks_by_key[key], key, self._warn)
-        self._put_step(out, row.step)
+        self._note_step_key(out)
         return out

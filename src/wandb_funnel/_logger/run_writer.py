@@ -19,6 +19,7 @@ from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.saving import SaveTracker
+from wandb_funnel._logger.steps import StepPlacer
 from wandb_funnel._protocol.messages import UpdateKind
 from wandb_funnel.sinks import Sink
 
@@ -36,6 +37,7 @@ class RunWriter:
         builder: RowBuilder,
         name: str,
         media: MediaFiles | None = None,
+        step_key: str = "global_step",
     ) -> None:
         self.sink = sink
         self.media = media or MediaFiles(None)
@@ -43,6 +45,10 @@ class RunWriter:
         self.order = order
         self._builder = builder
         self.name = name
+        self.steps = StepPlacer()  # where each row goes on the run's _step axis
+        self.step_key = step_key  # where a late row keeps its own step
+        self.late_records = 0  # records not written at their own step (a late row)
+        self._late_said = False
         self.records = 0  # records written into the run
         self.rows = 0  # wandb.log calls made: one per step, however many ranks logged it
         self.dropped = 0  # records that reached the logger but not the run
@@ -82,12 +88,22 @@ class RunWriter:
             media_before = self.media.logged
             try:
                 # The sink makes the row's media refs into what it writes (sinks.refs).
-                self.sink.log(self._builder.build(row), self.media if with_media else None)
+                out = self._builder.build(row)
+                at = self.steps.place(row.step, row.committed)
+                if at.late:
+                    self._late(row, at.step)
+                    out.setdefault(self.step_key, row.step)
+                self.sink.log(out, self.media if with_media else None, at.step, at.commit)
                 self.records += row.records
-                self.rows += 1
-                self.recent_rows.append(row.records)
+                if at.new_row:
+                    self.rows += 1
+                    self.recent_rows.append(row.records)
+                    self.recent_media.append(0)
+                elif self.recent_rows:  # merged into the open row: one history row still
+                    self.recent_rows[-1] += row.records
                 # (a row whose media wandb refused takes its keys off: never below 0)
-                self.recent_media.append(max(0, self.media.logged - media_before))
+                if self.recent_media:
+                    self.recent_media[-1] += max(0, self.media.logged - media_before)
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
                 if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
                     self._broken = repr(exc)
@@ -101,6 +117,25 @@ class RunWriter:
             finally:
                 if with_media:
                     self.media.discard(parts)  # what wandb did not move into the run
+
+    def _late(self, row: Row, at: int | None) -> None:
+        """A row below a step already written: counted, and said once with its cause."""
+        self.late_records += row.records
+        if self._late_said:
+            return
+        self._late_said = True
+        log_to_stderr(
+            f"{self.name}: records for step {row.step} (rank {min(row.parts, default=0)}) came "
+            f"after a later step was written; wandb takes no step below its current one, so "
+            f"they are written at _step {at} with their own step under {self.step_key!r}, and "
+            f"counted as funnel/late_records (said once). A rank that lags the others by more "
+            f"than reorder_window seconds does this: raise reorder_window "
+            f"(WANDB_FUNNEL_REORDER_WINDOW) to keep every row at its step"
+        )
+
+    def tensorboard_synced(self) -> None:
+        """A rank syncs tensorboard into the run: wandb-core places rows from now on."""
+        self.steps.tensorboard()
 
     def forget_rows_before(self, row: int) -> None:
         """Per-row counts before ``row`` are no longer needed (nothing unsaved is there)."""
@@ -172,6 +207,7 @@ class RunWriter:
         if cwd != os.getcwd():
             log_dir = os.path.join(cwd, log_dir)
             root_dir = os.path.join(cwd, root_dir) if root_dir else ""
+        self.tensorboard_synced()
         self._call(
             f"tensorboard log directory {log_dir!r}",
             lambda d: sink.tensorboard(d, save, root_dir),
@@ -201,6 +237,7 @@ class RunWriter:
                 UpdateKind.CONFIG: self.sink.update_config,
                 UpdateKind.SUMMARY: self.sink.update_summary,
                 UpdateKind.METRIC: self.sink.define_metric,
+                UpdateKind.RUN: self.sink.update_run,
             }[kind]
             self._call(f"{kind.label} update {list(data)!r}", fn, data)
 
@@ -250,7 +287,7 @@ class RunWriter:
             **extra,
             "funnel/records": self.records,
             "funnel/rows": self.rows,
-            "funnel/late_records": self.order.late_records,
+            "funnel/late_records": self.late_records,
             "funnel/dropped_records": self.dropped + dropped_elsewhere,
         }
         for key in ("funnel/records", "funnel/rows", "funnel/late_records"):

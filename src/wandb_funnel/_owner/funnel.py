@@ -305,11 +305,12 @@ class Funnel:
         self.close(exit_code)
         return True
 
-    def close(self, exit_code: int | None = None) -> None:
+    def close(self, exit_code: int | None = None, footer: bool = True) -> None:
         """Drain, order, finish the run, join the logger: all within ``close_timeout``.
 
         Idempotent. Past the deadline the logger is killed and a warning says what was lost.
         SIGINT/SIGTERM arriving meanwhile are held and re-delivered once the run is closed.
+        ``footer=False``: no "Run history:" block (an exit hook's close, as plain wandb's).
         """
         if os.getpid() != self.owner_pid:
             return  # a forked copy of the owner: the funnel is not ours to close
@@ -330,7 +331,7 @@ class Funnel:
                 # No restart from now on; a restart under way may finish within half the time.
                 logger = self._supervisor.stop(self.options.close_timeout / 2)
             try:
-                self._close_logger(logger, code, deadline)
+                self._close_logger(logger, code, deadline, footer)
             finally:
                 # The logger is done and none will follow: the socket goes first, so that a
                 # stream still open here does not wait for a successor (its unsaved records).
@@ -339,12 +340,14 @@ class Funnel:
                 self._restore_env()
                 _current.forget(self._run)
 
-    def _close_logger(self, logger: LoggerProcess, code: int, deadline: float) -> None:
+    def _close_logger(
+        self, logger: LoggerProcess, code: int, deadline: float, footer: bool
+    ) -> None:
         if logger.returncode is None:
             # Our own streams (rank 0 and any later init() here) say goodbye first.
             for own in stream.open_streams():
                 own.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())), code)
-        outcome, self.stats = logger.close(code, deadline)
+        outcome, self.stats = logger.close(code, deadline, footer)
         self._read_what_the_logger_left()
         if outcome == "already-exited":
             warnings.warn(
@@ -378,7 +381,7 @@ class Funnel:
                 run._info = run._info._replace(run_info=info)
 
     def _close_on_exit(self, exit_code: int, reason: str) -> None:
-        self.close(exit_code)
+        self.close(exit_code, footer=False)
         # Never in a forked copy of the owner: its inherited wandb state would tear down the
         # owner's wandb-core, and with it the logger's run.
         if self._owns_service and os.getpid() == self.owner_pid:

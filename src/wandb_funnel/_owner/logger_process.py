@@ -129,9 +129,12 @@ class LoggerProcess:
                 data += chunk
         return dict(json.loads(data))
 
-    def close(self, exit_code: int, deadline: float) -> tuple[str, dict[str, Any] | None]:
+    def close(
+        self, exit_code: int, deadline: float, footer: bool = True
+    ) -> tuple[str, dict[str, Any] | None]:
         """Ask the logger to finish the run with ``exit_code``, and make sure it is gone by
-        ``deadline`` (a ``time.monotonic()``).
+        ``deadline`` (a ``time.monotonic()``). ``footer``: wandb's end-of-run footer is
+        printed (the program called finish()).
 
         Returns ``(outcome, stats)``: outcome ``"closed"`` (stats are the logger's final
         accounting, or None if its reply was lost), ``"already-exited"`` or ``"killed"``.
@@ -149,7 +152,7 @@ class LoggerProcess:
         )
         try:
             budget = max(0.0, (deadline - time.monotonic()) * _LOGGER_SHARE)
-            closer.send_within(encode_close(Close(start.token, exit_code, budget)), 1.0)
+            closer.send_within(encode_close(Close(start.token, exit_code, budget, footer)), 1.0)
             try:
                 proc.wait(timeout=max(0.0, deadline - _KILL_MARGIN - time.monotonic()))
             except subprocess.TimeoutExpired:

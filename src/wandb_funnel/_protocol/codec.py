@@ -310,7 +310,7 @@ def encode_goodbye(goodbye: Goodbye) -> bytes:
 
 def encode_close(close: Close) -> bytes:
     return msgpack.packb(  # type: ignore[no-any-return]
-        (PROTOCOL_VERSION, CLOSE, close.token, close.exit_code, close.budget)
+        (PROTOCOL_VERSION, CLOSE, close.token, close.exit_code, close.budget, close.footer)
     )
 
 
@@ -477,11 +477,13 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             _want(body[0] >= 0 and _is_int(body[2]), "bad goodbye count or exit code")
             return Goodbye(body[0], body[1], body[2])
         if kind == CLOSE:
-            _want(len(body) == 3, "close needs 3 fields")
-            token, code, budget = body
+            _want(len(body) in (3, 4), "close needs 3 or 4 fields")
+            token, code, budget, *more = body
             _want(type(token) is str and _is_int(code), "bad close fields")
             _want(type(budget) in (int, float) and math.isfinite(budget), "bad close budget")
-            return Close(token, code, float(budget))
+            footer = more[0] if more else True
+            _want(type(footer) is bool, "bad close footer")
+            return Close(token, code, float(budget), footer)
         if kind == WELCOME:
             _want(len(body) == 3 and _is_int(body[0]), "bad welcome")
             _want(body[1] is None or type(body[1]) is dict, "bad welcome run info")

@@ -115,6 +115,9 @@ class UpdateKind(IntEnum):
     # a tensorboard log directory (sync_tensorboard): {"log_dir", "save", "root_dir", "cwd"},
     # as wandb's Run._tensorboard_callback gets them, plus the rank's working directory
     TENSORBOARD = 12
+    # the run's own settable attributes (run.name = ..., run.notes, run.tags), the ones set:
+    # {"name": str | None, "notes": str | None, "tags": [str, ...]}
+    RUN = 13
 
     @property
     def label(self) -> str:
@@ -129,6 +132,7 @@ FILES: Final = UpdateKind.FILES  # see _worker/files.py
 CONSOLE: Final = UpdateKind.CONSOLE  # see _worker/console.py
 STATS: Final = UpdateKind.STATS  # see _worker/system.py
 TENSORBOARD: Final = UpdateKind.TENSORBOARD  # see Run._tensorboard_callback
+RUN: Final = UpdateKind.RUN  # see Run's name, notes and tags setters
 
 
 class Update(NamedTuple):
@@ -167,6 +171,9 @@ class Close(NamedTuple):
     token: str
     exit_code: int
     budget: float
+    # wandb's end-of-run footer ("Run history:", "Run summary:"): plain wandb prints it for a
+    # finish() the program called, not for the finish its exit hook makes.
+    footer: bool = True
 
 
 class Welcome(NamedTuple):

@@ -67,6 +67,12 @@ class InstalledRunMixin(Run):
             f"sure that you are using an active run."
         )
 
+    def _invalid_tags(self, why: str) -> None:
+        """wandb's own warning for tags it does not take, printed as wandb prints it."""
+        import wandb
+
+        wandb.termwarn(f"Invalid tag detected: {why} Tags not updated.")
+
     def _log(
         self, data: dict[str, Any], step: int | None = None, commit: bool | None = None, **_: Any
     ) -> None:

@@ -3,17 +3,26 @@ directory by name (a snapshot at the call, as wandb's own ``add_file`` copies at
 FILES update tells the logger what to make of them: an artifact of the run, or files in its
 directory.
 
+``save`` resolves its glob, ``base_path`` and policy as wandb 0.31's ``Run.save`` does
+(``plan_save``, pure but for the filesystem it globs), and the logger saves the same glob under
+the run's files directory once the copies are there, so that the run's files and its ``files``
+records name what plain wandb's would.
+
 Files are not held to ``max_media_bytes`` or the in-flight bound: they are the user's own files,
-not media. A rank on another node than the logger has no staging directory: the call
-warns and is counted (``funnel/dropped_files``).
+not media. A file that cannot be carried (a rank on another node than the logger has no
+staging directory; a file that cannot be copied) is warned about at the call and counted
+(``funnel/dropped_files``).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import sys
+import warnings
+from typing import Any, NamedTuple
 
 from wandb_funnel._worker.media import Encoding, Stager
+from wandb_funnel.errors import FunnelWarning
 
 
 class FilesRefusedError(ValueError):
@@ -76,34 +85,216 @@ def artifact_update(
     return data
 
 
-def save_update(
-    stager: Stager, glob_str: str, base_path: str | None, policy: str, enc: Encoding
-) -> dict[str, Any]:
-    """The FILES update for ``save(glob_str, base_path, policy)``: every matching file, kept
-    at its path relative to ``base_path`` (the glob's own directory by default, as wandb)."""
-    if policy not in ("live", "now", "end"):
-        raise ValueError(
-            f'wandb_funnel: save policy must be "live", "end" or "now", got {policy!r}'
-        )
-    import glob  # here: a worker that never saves does not load it
+class Note(NamedTuple):
+    """A line wandb prints at a ``save`` call: ``termwarn`` (``level`` "warn") or ``termlog``
+    ("log"); ``repeat`` False: once a process."""
 
-    pattern = os.fspath(glob_str)
-    if base_path is None:
-        base_path = os.path.dirname(pattern) if os.path.isabs(pattern) else "."
-    base = os.path.abspath(base_path)
-    entries = []
-    for path in sorted(
-        glob.glob(
-            pattern if os.path.isabs(pattern) else os.path.join(base, pattern), recursive=True
+    level: str
+    text: str
+    repeat: bool = True
+
+
+class SavePlan(NamedTuple):
+    """What ``save`` resolved, as wandb 0.31's ``Run.save`` / ``Run._save`` resolve it."""
+
+    base: str  # the absolute base path
+    relative: str  # the glob (or, ``expand`` False, the literal path) under ``base``
+    expand: bool
+    sources: list[tuple[str, str]]  # (name in the run's files, absolute source), wandb's order
+
+
+def plan_save(
+    glob_str: str | bytes | os.PathLike[str],
+    base_path: str | os.PathLike[str] | None,
+    policy: str,
+    expand_glob: bool,
+    notes: list[Note],
+) -> SavePlan | None:
+    """Resolve ``save(glob_str, base_path, policy, glob=expand_glob)`` exactly as wandb 0.31
+    does, from this process's working directory: its errors (ValueError, worded as wandb's),
+    and its terminal lines appended to ``notes`` in wandb's order (a warning wandb prints
+    before raising is in ``notes`` when this raises). None: a cloud URL, which wandb only
+    logs (it saves nothing and returns ``[]``).
+
+    - A relative ``glob_str`` is relative to the working directory, and so is
+      ``base_path`` (default: the working directory).
+    - An absolute ``glob_str`` without ``base_path`` keeps one directory level (its base is
+      the glob's grandparent), with wandb's "Saving files without folders" warning.
+    - ``..`` is normalised (``os.path.abspath``) before the glob must lie under the base:
+      "Glob may not walk above the base path", "Glob cannot be the same as the base path",
+      "Glob may not start with '*' relative to the base path".
+    - The glob is Python's ``glob.glob`` (not recursive: ``**`` is ``*``; a directory that
+      matches is a source too); a glob that matches nothing saves nothing, with wandb's
+      warning when a file exists at that literal path (``glob=False`` takes it literally).
+    """
+    import glob as globbing  # here: a worker that never saves does not load it
+    import pathlib
+
+    if isinstance(glob_str, bytes):
+        glob_str = glob_str.decode("utf-8")
+    if isinstance(glob_str, str) and glob_str.startswith(("gs://", "s3://")):
+        notes.append(Note("log", f"{glob_str} is a cloud storage url, can't save file to W&B."))
+        return None
+    glob_path = pathlib.PurePath(glob_str)
+    resolved_glob = pathlib.PurePath(os.path.abspath(glob_path))
+    base: os.PathLike[str] | str
+    if base_path is not None:
+        base = pathlib.Path(base_path)
+    elif not glob_path.is_absolute():
+        base = pathlib.Path(".")
+    else:
+        notes.append(
+            Note(
+                "warn",
+                "Saving files without folders. If you want to preserve subdirectories pass "
+                'base_path to wandb.save, i.e. wandb.save("/mnt/folder/file.h5", '
+                'base_path="/mnt")',
+                repeat=False,
+            )
         )
-    ):
-        if os.path.isfile(path):
-            entry = os.path.relpath(os.path.abspath(path), base)
-            if entry.startswith(".."):
-                raise ValueError(f"wandb_funnel: save: {path!r} is not under base_path {base!r}")
-            entries.append([entry, _stage(stager, path, enc)])
-    # "live" re-uploads a file each time it changes: the funnel copies it once, now.
-    return {"op": "save", "entries": entries, "policy": "now" if policy == "live" else policy}
+        base = resolved_glob.parent.parent
+    if policy not in ("live", "end", "now"):
+        raise ValueError('Only "live", "end" and "now" policies are currently supported.')
+    resolved_base = pathlib.PurePath(os.path.abspath(base))
+    # wandb.sdk.lib.filesystem.validate_glob_path, then PurePath.relative_to (whose own
+    # ValueError a base that is a string prefix but not a parent, "/a/b" of "/a/bc", gets).
+    if not str(resolved_glob).startswith(str(resolved_base)):
+        raise ValueError("Glob may not walk above the base path")
+    if resolved_glob == resolved_base:
+        raise ValueError("Glob cannot be the same as the base path")
+    relative = resolved_glob.relative_to(resolved_base)
+    if relative.parts and relative.parts[0] == "*":
+        raise ValueError("Glob may not start with '*' relative to the base path")
+
+    literal = str(resolved_base / relative)
+    if expand_glob:
+        found = [pathlib.Path(p).absolute() for p in sorted(globbing.glob(literal))]
+        if not found and os.path.lexists(literal):
+            notes.append(
+                Note(
+                    "warn",
+                    f"No files found at glob pattern {str(relative)!r}, but a file exists at "
+                    "that literal path. If you meant to match it literally rather than as a "
+                    "glob pattern, call save() with glob=False.",
+                    repeat=False,
+                )
+            )
+    elif os.path.lexists(literal):
+        found = [pathlib.Path(literal).absolute()]
+    else:
+        found = []
+        if globbing.escape(str(relative)) != str(relative):
+            notes.append(
+                Note(
+                    "warn",
+                    f"No file found at literal path {literal!r}, and it looks like it contains "
+                    "glob metacharacters ('*', '?', or '[]'). If you meant to use a glob "
+                    "pattern, call save() with glob=True (the default).",
+                    repeat=False,
+                )
+            )
+    depth = len(resolved_base.parts)
+    sources = [(str(pathlib.PurePath(*src.parts[depth:])), str(src)) for src in found]
+    return SavePlan(str(resolved_base), str(relative), expand_glob, sources)
+
+
+def already_in_run(files_root: str, plan: SavePlan) -> list[str]:
+    """The names in the run's files directory ``files_root`` (on this node) that ``plan``'s
+    glob matches there already: wandb saves those again too (and returns them)."""
+    import pathlib
+
+    root = pathlib.Path(files_root)
+    if not files_root or not root.is_dir():
+        return []
+    if not plan.expand:
+        return [plan.relative] if os.path.lexists(root / plan.relative) else []
+    try:
+        return sorted(str(p.relative_to(root)) for p in root.glob(plan.relative))
+    except (OSError, ValueError, NotImplementedError):
+        return []  # a pattern pathlib does not take (wandb's own save would raise there)
+
+
+def save_update(
+    stager: Stager, plan: SavePlan, policy: str, enc: Encoding
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The FILES update for ``plan``: each source staged (a snapshot, now), to be put at its
+    name in the run's files directory; and the sources that could not be staged, with why
+    (a rank on another node, a directory, a file gone or unreadable): the caller warns and
+    has them counted. The logger saves the plan's glob under the run's files directory once
+    the files are there, so that wandb itself publishes them and whatever else it matches
+    there, as a plain ``save`` does."""
+    entries: list[list[str]] = []
+    failed: list[tuple[str, str]] = []
+    for entry, src in plan.sources:
+        if stager.directory is None:
+            failed.append((entry, "this rank is on another node than the logger"))
+        elif os.path.isdir(src):
+            failed.append((entry, "a directory (save the files in it: a glob)"))
+        else:
+            staged = len(enc.staged)
+            try:
+                entries.append([entry, stager.stage_file(src, _ext(src), enc, checked=False)])
+            except OSError as exc:
+                for path in enc.staged[staged:]:  # a partial copy
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+                del enc.staged[staged:]
+                failed.append((entry, f"{type(exc).__name__}: {exc.strerror or exc}"))
+    data = {
+        "op": "save",
+        "entries": entries,
+        "policy": policy,
+        "glob": plan.relative,
+        "expand": plan.expand,
+    }
+    return data, failed
+
+
+def not_saved_update(failed: list[tuple[str, str]]) -> dict[str, Any]:
+    """The FILES update that has the logger count (``funnel/dropped_files``, one a file) and
+    name the files a ``save`` could not carry: entries without a staged file."""
+    why = "; ".join(f"{entry}: {reason}" for entry, reason in failed[:5])
+    more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+    return {
+        "op": "refused",
+        "what": "save",
+        "why": f"{len(failed)} file(s) not saved: {why}{more}",
+        "entries": [[entry, None] for entry, _ in failed],
+    }
+
+
+def copied_note(copied: int) -> Note:
+    """wandb's line for files it copied into the run (where it symlinks, it says so)."""
+    return Note(
+        "warn",
+        f"Copied {copied} file{'s' if copied > 1 else ''} into the W&B run directory; call "
+        "wandb.save again to sync new files.",
+    )
+
+
+def installed_wandb(run: Any) -> Any:
+    """The wandb module, where ``run`` is an installed run (an instance of wandb's Run: the
+    process imported wandb, this does not); None for the funnel's own ``wf.Run``."""
+    wandb = sys.modules.get("wandb")
+    cls = getattr(wandb, "Run", None)
+    return wandb if isinstance(cls, type) and isinstance(run, cls) else None
+
+
+def say(notes: list[Note], wandb: Any) -> None:
+    """wandb's terminal lines for a ``save``: printed by wandb itself for an installed run
+    (``wandb``), as wandb prints them; a FunnelWarning each for ``wf.Run.save``."""
+    for note in notes:
+        if wandb is not None:
+            term = wandb.termlog if note.level == "log" else wandb.termwarn
+            term(note.text, repeat=note.repeat)
+        else:
+            warnings.warn(f"wandb_funnel: {note.text}", FunnelWarning, stacklevel=3)
+
+
+def _ext(path: str) -> str:
+    return os.path.splitext(path)[1]
 
 
 def _walk(path: str) -> list[tuple[str, str]]:

@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, NamedTuple
 
@@ -37,10 +37,18 @@ from wandb_funnel._constants import (
     WELCOME_TIMEOUT,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import CONFIG, FILES, METRIC, SUMMARY, TENSORBOARD, UpdateKind
+from wandb_funnel._protocol.messages import (
+    CONFIG,
+    FILES,
+    METRIC,
+    RUN,
+    SUMMARY,
+    TENSORBOARD,
+    UpdateKind,
+)
 from wandb_funnel._worker import console, files, media, system
 from wandb_funnel._worker.lifecycle import exit_code_from_exception, signals_held
-from wandb_funnel._worker.run_data import Config, Summary
+from wandb_funnel._worker.run_data import Config, Summary, run_tags, run_text
 from wandb_funnel._worker.stream import Stream
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
@@ -175,6 +183,8 @@ class Run:
         self._finished = False
         self._config = Config(self._send_config)
         self._summary = Summary(self._send_summary)
+        # What this process set with run.name / notes / tags: what it reads back from then on.
+        self._set_here: dict[str, Any] = {}
 
     # -- identity ----------------------------------------------------------------------------
     @property
@@ -211,6 +221,8 @@ class Run:
     # it has, its name, dir and url are not known, and reading one waits for them, bounded,
     # as plain wandb.init would have waited before returning the run.
     def _run_info(self, key: str, default: Any = None) -> Any:
+        if key in self._set_here:
+            return self._set_here[key]
         info = self._info.run_info
         if info is None:
             info = self._fetch_run_info()
@@ -231,6 +243,15 @@ class Run:
     @property
     def name(self) -> str | None:
         return self._run_info("name")  # type: ignore[no-any-return]
+
+    @name.setter
+    def name(self, name: str | None) -> None:
+        """The run's display name, as ``wandb.Run.name = ...`` sets it, from any rank.
+
+        Raises:
+            ValueError: not a str or None (wandb's settings refuse it too).
+        """
+        self._set_run_attribute("name", lambda: run_text("name", name))
 
     @property
     def project(self) -> str:
@@ -268,9 +289,57 @@ class Run:
     def notes(self) -> str | None:
         return self._run_info("notes")  # type: ignore[no-any-return]
 
+    @notes.setter
+    def notes(self, notes: str | None) -> None:
+        """The run's notes, as ``wandb.Run.notes = ...`` sets them, from any rank.
+
+        Raises:
+            ValueError: not a str or None (wandb's settings refuse it too).
+        """
+        self._set_run_attribute("notes", lambda: run_text("notes", notes))
+
     @property
     def tags(self) -> tuple[str, ...]:
         return tuple(self._run_info("tags") or ())
+
+    @tags.setter
+    def tags(self, tags: Iterable[str]) -> None:
+        """The run's tags, as ``wandb.Run.tags = [...]`` sets them, from any rank: a tag
+        that is not a str of 1 to 64 characters is warned about, as wandb warns, and the run
+        keeps the tags it had.
+
+        Raises:
+            TypeError: ``tags`` is not iterable (wandb's ``tuple(tags)`` raises it too).
+        """
+
+        def checked() -> tuple[str, ...] | None:
+            value, why = run_tags(tags)
+            if value is None:
+                self._invalid_tags(why)
+            return value
+
+        self._set_run_attribute("tags", checked)
+
+    def _set_run_attribute(self, attr: str, check: Callable[[], Any]) -> None:
+        """Set ``attr`` (name, notes, tags) to what ``check()`` makes of the value the user
+        gave (None for tags: left as they were): read back from now on in this process,
+        applied to the run by the logger. A finished run refuses first, as wandb's does."""
+        if self._finished:
+            raise self._finished_error(attr)
+        value = check()
+        if value is None and attr == "tags":
+            return
+        self._set_here[attr] = value
+        self._send_update(RUN, {attr: list(value) if isinstance(value, tuple) else value})
+
+    def _invalid_tags(self, why: str) -> None:
+        """Tags the run does not take: said as wandb says it (an installed run prints it
+        as wandb's own warning)."""
+        warnings.warn(
+            f"wandb_funnel: Invalid tag detected: {why} Tags not updated.",
+            FunnelWarning,
+            stacklevel=5,
+        )
 
     @property
     def offline(self) -> bool:
@@ -387,26 +456,71 @@ class Run:
         self.log_artifact(path, name=name, type="model", aliases=aliases)
 
     def save(
-        self, glob_str: str | None = None, base_path: str | None = None, policy: str = "live"
+        self,
+        glob_str: str | bytes | os.PathLike[str],
+        base_path: str | os.PathLike[str] | None = None,
+        policy: str = "live",
+        glob: bool = True,
     ) -> bool | list[str]:
-        """``wandb.Run.save`` from any rank: the files matching ``glob_str`` are copied into
-        the run's directory now, at their paths under ``base_path``. ``"live"`` (re-upload
-        on every change) is taken as ``"now"``: the funnel copies each file once.
+        """``wandb.Run.save`` from any rank, resolved as wandb 0.31 resolves it
+        (``files.plan_save``): a relative glob and ``base_path`` from this process's working
+        directory; the same errors, terminal lines and names in the run's files directory;
+        and the same return value: those files' paths in ``run.dir`` (the logger puts them
+        there just after the call).
+
+        Each matching file is copied now, a snapshot, where wandb symlinks it; a later
+        change reaches the run when ``save`` is called again (wandb's own advice when it has
+        to copy). ``"live"`` and ``"now"``: the copy reaches the run now; ``"live"`` stays
+        ``"live"`` in the run's records, as plain's. ``"end"``: the copy is uploaded when the
+        run finishes (the file as it was at the call, not as it is at the end).
+
+        A file that cannot be carried (from a rank on another node, a directory, a file
+        gone or unreadable) is warned about here and counted in ``funnel/dropped_files``;
+        it is not in the returned list.
 
         Raises:
-            ValueError: a bad policy, or a file outside ``base_path``.
+            ValueError: wandb's: a bad policy; a glob above, or the same as, ``base_path``,
+                or that starts with ``*`` under it.
         """
-        if glob_str is None:
-            return True  # wandb: save() with no pattern does nothing
-        saved: list[str] = []
+        if self._finished:
+            raise self._finished_error("save")
+        wandb = files.installed_wandb(self)
+        notes: list[files.Note] = []
+        try:
+            plan = files.plan_save(glob_str, base_path, policy, glob, notes)
+        finally:
+            files.say(notes, wandb)  # what wandb prints before raising, too
+        if plan is None:
+            return []  # a cloud URL: wandb says so and saves nothing
+        stager = self._media_stager()
+        files_root = self.dir if stager.directory is not None else ""  # its node only
+        existing = files.already_in_run(files_root, plan)
+        enc = stager.encoding()
+        try:
+            data, failed = files.save_update(stager, plan, policy, enc)
+            sent = stager.directory is None or self._send_update(FILES, data)
+        except BaseException:
+            enc.rollback()
+            raise
+        if not sent:  # the queue was full: said by the stream; nothing of it stays staged
+            enc.rollback()
+            return []
+        if data["entries"] and wandb is not None:  # where wandb says "Symlinked 1 file ..."
+            files.say([files.copied_note(len(data["entries"]))], wandb)
+        if failed:
+            update = files.not_saved_update(failed)
+            warnings.warn(
+                f"wandb_funnel: save({os.fspath(glob_str)!r}): {update['why']}; counted in "
+                f"the run's summary as funnel/dropped_files",
+                FunnelWarning,
+                stacklevel=2,
+            )
+            self._send_update(FILES, update)
+        import pathlib
 
-        def make(stager: media.Stager, enc: media.Encoding) -> dict[str, Any]:
-            data = files.save_update(stager, glob_str, base_path, policy, enc)
-            saved.extend(entry for entry, _ in data["entries"])
-            return data
-
-        self._send_files("save", make)
-        return saved
+        names = {pathlib.PurePath(entry) for entry, _ in data["entries"]}
+        names.update(pathlib.PurePath(name) for name in existing)
+        return [os.path.join(files_root, name) for name in sorted(names)]
 
     def _send_files(
         self, what: str, make: Callable[[media.Stager, media.Encoding], dict[str, Any]]
@@ -511,8 +625,8 @@ class Run:
 
     def _finished_error(self, call: str) -> Exception:
         """What a call on a finished run raises (an installed run raises wandb's own)."""
-        what = "log()" if call == "log" else "update"
-        return ClientClosedError(f"wandb_funnel: {what} on a finished run")
+        what = {"log": "log()", "name": "run.name =", "notes": "run.notes =", "tags": "run.tags ="}
+        return ClientClosedError(f"wandb_funnel: {what.get(call, 'update')} on a finished run")
 
     def _send_config(self, data: dict[str, Any]) -> None:
         self._send_update(CONFIG, data)
@@ -596,7 +710,13 @@ class Run:
     def __reduce__(self) -> tuple[Any, ...]:
         # The child gets connection details only (no socket, no pickle of our state on the
         # wire): it attaches as a rank of its own on first use.
-        return (_restore, (self._info,))
+        info = self._info
+        if info.run_info is not None and self._set_here:  # what this process set, too
+            set_here = {
+                k: list(v) if isinstance(v, tuple) else v for k, v in self._set_here.items()
+            }
+            info = info._replace(run_info={**info.run_info, **set_here})
+        return (_restore, (info,))
 
     def __repr__(self) -> str:
         state = "finished" if self._finished else "active"

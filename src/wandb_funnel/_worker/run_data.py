@@ -214,3 +214,69 @@ class Summary:
 
     def __repr__(self) -> str:
         return repr(self._items)
+
+
+# -- run.name, run.notes, run.tags: the three attributes wandb 0.31's Run lets a user set -------
+# wandb keeps them in its pydantic Settings (validated on assignment); what it takes and what
+# it refuses is mirrored here, without wandb.
+_TAG_LENGTH = "Tags must be between 1 and 64 characters"
+
+
+def _as_str(value: Any) -> str | None:
+    """``value`` as pydantic's lax ``str`` takes it (bytes decoded); None where it refuses."""
+    if isinstance(value, str):
+        return str.__str__(value)  # a subclass's text, as a plain str
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode()
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def run_text(attr: str, value: Any) -> str | None:
+    """``value`` as ``run.name = value`` (or ``notes``) sets it in wandb: a str, or None.
+
+    Raises:
+        ValueError: anything else (wandb's settings raise pydantic's ValidationError, a
+            ValueError, at the assignment).
+    """
+    if value is None:
+        return None
+    text = _as_str(value)
+    if text is None:
+        raise ValueError(
+            f"wandb_funnel: run.{attr} must be a str or None, got "
+            f"{type(value).__name__} {reprlib.repr(value)}"
+        )
+    return text
+
+
+def run_tags(value: Any) -> tuple[tuple[str, ...] | None, str]:
+    """``value`` as ``run.tags = value`` sets it in wandb: ``(tags, "")``; or ``(None, why)``
+    where wandb warns ``Invalid tag detected: {why} Tags not updated.`` and keeps the tags
+    the run had (each tag a str of 1 to 64 characters). A str is a sequence of tags of one
+    character each, as ``tuple("abc")`` is in wandb.
+
+    Raises:
+        TypeError: ``value`` is not iterable (wandb's ``tuple(tags)`` raises it).
+    """
+    tags = tuple(value)
+    errors: list[str] = []
+    for i, tag in enumerate(tags):  # wandb's validator: the length of str(tag), first
+        text = str(tag)
+        if not text:
+            errors.append(f"Tag at index {i} is empty. {_TAG_LENGTH}")
+        elif len(text) > 64:
+            shown = f"{text[:20]}...{text[-20:]}" if len(text) > 43 else text
+            errors.append(f"Tag '{shown}' is {len(text)} characters. {_TAG_LENGTH}")
+    if not errors:  # then the type: a tuple of str
+        out = [_as_str(tag) for tag in tags]
+        errors = [
+            f"Tag at index {i} is not a str: {reprlib.repr(tag)}"
+            for i, (tag, text) in enumerate(zip(tags, out, strict=True))
+            if text is None
+        ]
+        if not errors:
+            return tuple(t for t in out if t is not None), ""
+    return None, "; ".join(errors)

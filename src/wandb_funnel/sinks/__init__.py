@@ -47,8 +47,12 @@ class Sink(Protocol):
     # ``x_stats_pid``), None where nothing does: that rank's own figures are not repeated.
     stats_pid: int | None
 
-    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
-        """Write one history row (already merged, reduced and carrying the step key).
+    def log(
+        self, row: dict[str, Any], staging: Staging | None, step: int | None, commit: bool
+    ) -> None:
+        """Write one history row (already merged and reduced), as ``wandb.log(row,
+        step=step, commit=commit)`` would: at ``step`` (None: the run's next step), committed
+        or left open for what comes next at that step (``_logger/steps.py`` says which).
 
         ``staging`` is None for a row of plain values. Otherwise the row's values may be
         ``MediaRef``s (``_protocol.messages``), also inside lists and dicts: the sink makes of
@@ -92,29 +96,38 @@ class Sink(Protocol):
         in the transaction log, which wandb-core flushes every fraction of a second). The
         logger tells the ranks they may forget records only once their rows are."""
 
-    def continue_run(self, rows: int) -> None:
-        """A restarted logger's run (resumed): its own step counter goes on from ``rows``, the
-        rows in the earlier segments (wandb's ``_step`` restarts at 0 in a resumed segment)."""
-
     def segment(self) -> dict[str, Any]:
         """Where this run's rows are on disk, as plain data: a logger restarted after this
         one died reads what it left there (``steps_after``)."""
 
+    def update_run(self, data: dict[str, Any]) -> None:
+        """``run.name = ...``, ``run.notes = ...``, ``run.tags = [...]`` as a rank set them
+        (a RUN update: ``{"name": str | None, "notes": str | None, "tags": [str, ...]}``,
+        the keys set; the values already checked as wandb checks them)."""
 
-def steps_after(segment: dict[str, Any], step_key: str, skip: int) -> tuple[int, list[Any]]:
-    """What a dead logger's run left on disk: (how many rows, the ``step_key`` of each row
-    after the first ``skip``). ``segment`` is that sink's ``Sink.segment()``."""
+
+def steps_after(segment: dict[str, Any], step_key: str, skip: int) -> tuple[int, list[Any], int]:
+    """What a dead logger's run left on disk: (how many rows, the step of each row after the
+    first ``skip``, the step after its last row). A row's step is its ``_step``, or, for a
+    late row (written at the next free step), the step it keeps under ``step_key``.
+    ``segment`` is that sink's ``Sink.segment()``."""
     path = str(segment.get("path") or "")
     if segment.get("kind") == RECORD:
         from wandb_funnel.sinks.recording import rows_in
 
         rows = rows_in(path)
-        return len(rows), [row.get(step_key) for row in rows[skip:]]
+        last = rows[-1].get("_step") if rows else None
+        return (
+            len(rows),
+            [row.get(step_key, row.get("_step")) for row in rows[skip:]],
+            last + 1 if type(last) is int else 0,
+        )
     if segment.get("kind") == WANDB and path:
         from wandb_funnel.sinks.wandb.txlog import Tail, history_steps
 
-        return Tail(path).history_rows(), history_steps(path, step_key, skip)
-    return 0, []
+        steps, next_step = history_steps(path, step_key, skip)
+        return Tail(path).history_rows(), steps, next_step
+    return 0, [], 0
 
 
 def chosen() -> tuple[str, str | None]:

@@ -27,18 +27,21 @@ class NullSink:
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self._rows = 0
+        self._open: tuple[int | None] | None = None  # an open row's step, as wandb's
 
     def saved_rows(self) -> int:
         return self._rows  # nothing to lose: "saved" as soon as counted
 
-    def continue_run(self, rows: int) -> None:
-        pass
-
     def segment(self) -> dict[str, Any]:
         return {"kind": "null"}
 
-    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
-        self._rows += 1
+    def log(
+        self, row: dict[str, Any], staging: Staging | None, step: int | None, commit: bool
+    ) -> None:
+        open_row = self._open
+        if open_row is None or (step is not None and step != open_row[0]):
+            self._rows += 1  # a new history row (a merge into the open one is not)
+        self._open = None if commit else (step,)
         if staging is not None:
             materialize(row, staging, _count)
 
@@ -70,4 +73,7 @@ class NullSink:
         return {"id": self.run_id}
 
     def finish(self, exit_code: int) -> None:
+        pass
+
+    def update_run(self, data: dict[str, Any]) -> None:
         pass

@@ -117,13 +117,13 @@ class RecordingSink:
         self.path = os.path.join(directory, name)
         self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed at finish)
         self._rows = 0
+        # The open row, as wandb keeps it until a later step commits it: [_step, data].
+        self._open: list[Any] | None = None
+        self._next_step = 0
         self._write("init", {k: v for k, v in init_kwargs.items() if k != "settings"})
 
     def saved_rows(self) -> int:
         return self._rows  # each line is flushed as it is written
-
-    def continue_run(self, rows: int) -> None:
-        pass  # rows carry no counter of their own here
 
     def segment(self) -> dict[str, Any]:
         return {"kind": "record", "path": self.path}
@@ -132,11 +132,30 @@ class RecordingSink:
         self._file.write(json.dumps({"kind": kind, "data": _plain(data)}) + "\n")
         self._file.flush()
 
-    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
+    def log(
+        self, row: dict[str, Any], staging: Staging | None, step: int | None, commit: bool
+    ) -> None:
+        """The row as wandb's history would hold it: at ``_step``, merged into the open row
+        at the same step, written once committed or once a later step opens a row."""
         if staging is not None:
             row, _ = materialize(row, staging, describe)
-        self._write("row", row)
-        self._rows += 1
+        open_row = self._open
+        if open_row is not None and (step is None or step == open_row[0]):
+            open_row[1].update(row)
+        else:
+            self._commit()
+            at = self._next_step if step is None else step
+            self._open = open_row = [at, dict(row)]
+            self._next_step = at + 1
+        if commit:
+            self._commit()
+
+    def _commit(self) -> None:
+        if self._open is not None:
+            step, data = self._open
+            self._open = None
+            self._write("row", {**data, "_step": step})
+            self._rows += 1
 
     def files(self, data: dict[str, Any], staging: Staging) -> None:
         """Each file's name in the run and size (the staged copy is removed after this)."""
@@ -178,8 +197,12 @@ class RecordingSink:
         return {"id": self.run_id, "offline": True}
 
     def finish(self, exit_code: int) -> None:
+        self._commit()
         self._write("finish", {"exit_code": exit_code})
         self._file.close()
+
+    def update_run(self, data: dict[str, Any]) -> None:
+        self._write("run", data)
 
 
 def rows_in(path: str) -> list[dict[str, Any]]:

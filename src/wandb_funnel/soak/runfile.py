@@ -29,6 +29,8 @@ class WandbRun:
     run_id: str = ""
     name: str = ""  # the display name
     group: str = ""
+    notes: str = ""
+    tags: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
@@ -53,10 +55,17 @@ class WandbRun:
         regex = re.compile(pattern)
         return sum(1 for row in self.history for key in row if regex.fullmatch(key))
 
-    def column(self, key: str, step_key: str = "global_step") -> list[tuple[int, Any]]:
+    def column(self, key: str, step_key: str = "_step") -> list[tuple[int, Any]]:
         """(step, value) for every history row that has ``key``, in file order; the step is
-        the row's ``step_key`` (the funnel's x-axis key)."""
+        the row's ``step_key`` (wandb's ``_step``: a funnel row's own step, unless it was
+        late, which keeps its step under the funnel's ``global_step``)."""
         return [(row[step_key], row[key]) for row in self.history if key in row]
+
+
+def step_of(row: dict[str, Any], step_key: str = "global_step") -> Any:
+    """A funnel row's own step: its ``_step``, or, for a late row (written at the next free
+    step: wandb takes no step below its current one), the step it keeps under ``step_key``."""
+    return row[step_key] if step_key in row else row["_step"]
 
 
 def _wandb_cli() -> list[str]:
@@ -89,7 +98,9 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             body = rec["run"]
             run.run_id = body.get("run_id", "")
             run.group = body.get("run_group", "")
-            run.name = body.get("display_name", "")
+            run.name = body.get("display_name", "")  # each run record says the run whole
+            run.notes = body.get("notes", "")
+            run.tags = list(body.get("tags", []))
             run.telemetry = body.get("telemetry", run.telemetry)
             if body.get("start_time"):
                 run.start_time = _epoch(body["start_time"])
@@ -157,8 +168,10 @@ def read_recording(path: os.PathLike[str] | str) -> WandbRun:
     return WandbRun(
         pathlib.Path(path),
         run_id=rec.id,
-        name=rec.init.get("name") or "",
+        name=rec.attributes.get("name", rec.init.get("name")) or "",
         group=rec.init.get("group") or "",
+        notes=rec.attributes.get("notes", rec.init.get("notes")) or "",
+        tags=list(rec.attributes.get("tags", rec.init.get("tags")) or []),
         config=rec.config,
         history=rec.rows,
         summary=rec.summary,
@@ -210,6 +223,7 @@ def merge_segments(runs: list[WandbRun]) -> list[WandbRun]:
             out.append(run)
             continue
         first.segments.append(run.path)
+        first.name, first.notes, first.tags = run.name, run.notes, run.tags  # the last said
         first.history.extend(run.history)
         first.summary.update(run.summary)
         first.config.update(run.config)

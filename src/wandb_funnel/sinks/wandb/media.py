@@ -229,7 +229,15 @@ def _log_artifact(
 
 
 def _save(data: dict[str, Any], entries: list[Any], staging: Staging, run: Any) -> None:
-    root = os.path.realpath(run.dir)
+    """Each staged file moved to its name in the run's files directory, then the rank's glob
+    (relative to that directory) saved there by wandb itself, as plain wandb saves it once
+    its links are made: the same ``files`` record, the same names, and whatever else the
+    glob matches in the run already (``_worker/files.py``)."""
+    files_dir = str(run.dir)
+    root = os.path.realpath(files_dir)
+    pattern = data.get("glob")
+    if pattern is not None and not _under_the_run(pattern):
+        raise BadMediaError(f"a saved glob must stay inside the run, got {pattern!r:.80}")
     for entry, name in entries:
         dest = os.path.realpath(os.path.join(root, str(entry)))
         if not dest.startswith(root + os.sep) or _WANDBS_OWN.fullmatch(os.path.relpath(dest, root)):
@@ -239,4 +247,17 @@ def _save(data: dict[str, Any], entries: list[Any], staging: Staging, run: Any) 
             )
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.move(staging.path_of(name), dest)  # the run may be on another filesystem
-        run.save(dest, base_path=root, policy=data.get("policy") or "now")
+    policy = data.get("policy") or "now"
+    if pattern is None:  # an update without its glob: each file by its name
+        for entry, _ in entries:
+            path = os.path.join(files_dir, str(entry))
+            run.save(path, base_path=files_dir, policy=policy, glob=False)
+    else:
+        path = os.path.join(files_dir, pattern)
+        run.save(path, base_path=files_dir, policy=policy, glob=data.get("expand") is not False)
+
+
+def _under_the_run(pattern: Any) -> bool:
+    """A relative glob that cannot leave the directory it is joined to."""
+    parts = pattern.split("/") if type(pattern) is str else []
+    return bool(parts) and parts[0] != "" and ".." not in parts and "\x00" not in pattern

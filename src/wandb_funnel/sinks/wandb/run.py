@@ -83,7 +83,6 @@ class WandbSink:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
         kwargs.setdefault("reinit", "create_new")
         self._tensorboard_synced = False
-        self._first_step: int | None = None  # a continued run's first _step (continue_run)
         self._wandb = wandb
         self._make = Maker(wandb)  # wandb's own objects from the ranks' media descriptors
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
@@ -94,26 +93,27 @@ class WandbSink:
         self.run_id: str = self.run.id
         # What wandb-core has flushed to the run's transaction log (``saved_rows``).
         self._tail = Tail(log_path(self.run.dir, self.run.id))
-        self.run.define_metric(step_key)
-        self.run.define_metric("*", step_metric=step_key)
+        # No define_metric of the funnel's: rows are at their own _step (_logger/steps.py), so
+        # the run's axes, and any step metric of the user's, are plain wandb's.
         _record_imports(self.run, (program or {}).get("imports"))
         # Set by the writer when a rank logs the step key itself: it is the user's key then.
         self.user_step_key = False
-        _footer_of_the_users_keys(
-            self.run,
-            lambda key: key.startswith("funnel/") or (key == step_key and not self.user_step_key),
+        # What wandb's footer shows: the user's keys; none at all after without_footer().
+        self._footer_keys: Callable[[str], bool] = lambda key: (
+            not (key.startswith("funnel/") or (key == step_key and not self.user_step_key))
         )
+        _footer_of_the_users_keys(self.run, lambda key: not self._footer_keys(key))
 
-    def log(self, row: dict[str, Any], staging: Staging | None) -> None:
-        if self._first_step is not None:
-            self.run.log({}, step=self._first_step, commit=False)
-            self._first_step = None
+    def log(
+        self, row: dict[str, Any], staging: Staging | None, step: int | None, commit: bool
+    ) -> None:
+        log = self.run.log
         if staging is None:
-            self.run.log(row)
+            log(row, step=step, commit=commit)
             return
         out, media_keys = materialize(row, staging, self._make)
         try:
-            self.run.log(out)
+            log(out, step=step, commit=commit)
         except ConnectionError:  # wandb-core gone: the writer stops writing
             raise
         except Exception as exc:  # a media file wandb could not take (FileNotFoundError...)
@@ -126,13 +126,18 @@ class WandbSink:
                 f"wandb refused media {sorted(media_keys)!r}: {exc!r}; "
                 f"the row is logged without them"
             )
-            self.run.log(kept)
+            log(kept, step=step, commit=commit)
 
     def files(self, data: dict[str, Any], staging: Staging) -> None:
         log_files(data, staging, self.run, self._wandb)
 
     def users_step_key(self) -> None:
         self.user_step_key = True  # the footer shows that key: it is the user's
+
+    def without_footer(self) -> None:
+        """No "Run history:" / "Run summary:" at finish: the program never called finish()
+        (its exit hook closes the run), and plain wandb's exit hook prints none."""
+        self._footer_keys = lambda key: False
 
     def update_config(self, data: dict[str, Any]) -> None:
         self.run.config.update(data, allow_val_change=True)  # type: ignore[no-untyped-call]
@@ -193,14 +198,16 @@ class WandbSink:
     def saved_rows(self) -> int:
         return self._tail.history_rows()
 
-    def continue_run(self, rows: int) -> None:
-        # Just before this segment's first row, an empty uncommitted row at that step: the
-        # row is logged at it, and _step runs on from there (offline, and online through
-        # wandb sync). Not now: an open row with nothing after it would be written empty.
-        self._first_step = rows or None
-
     def segment(self) -> dict[str, Any]:
         return {"kind": "wandb", "path": self._tail.path, "dir": self.run.dir}
+
+    def update_run(self, data: dict[str, Any]) -> None:
+        """Set as the rank set them: wandb's setters publish the run record again (and
+        its telemetry says ``set_run_name`` / ``set_run_tags``, as plain wandb's does)."""
+        for attr in ("name", "notes", "tags"):
+            if attr in data:
+                value = data[attr]
+                setattr(self.run, attr, tuple(value) if attr == "tags" else value)
 
 
 def _int_or_none(value: Any) -> int | None:

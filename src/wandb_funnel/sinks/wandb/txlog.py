@@ -134,33 +134,40 @@ class Tail:
             self.history += 1
 
 
-def history_steps(path: str, step_key: str, skip: int) -> list[Any]:
-    """The ``step_key`` values of the history rows of a transaction log, after its first
-    ``skip`` rows (a restarted logger's look at what the dead one left). Needs wandb's
-    protobuf classes: only a restart pays for the import."""
+def history_steps(path: str, step_key: str, skip: int) -> tuple[list[Any], int]:
+    """The step of each history row of a transaction log after its first ``skip`` rows (a
+    restarted logger's look at what the dead one left): its ``step_key`` where it has one (a
+    late row, written at the next free step, keeps its own there), else its ``_step``; and
+    the step after its last row (0 for none). Needs wandb's protobuf classes: only a restart
+    pays for the import."""
     import json
 
     from wandb.proto import wandb_internal_pb2
 
+    def history(payload: bytes) -> Any:
+        return wandb_internal_pb2.Record.FromString(payload).history  # type: ignore[attr-defined]
+
+    def step_of(payload: bytes) -> Any:
+        row = history(payload)
+        for item in row.item:
+            if (item.key or "/".join(item.nested_key)) == step_key:
+                try:
+                    return json.loads(item.value_json)
+                except ValueError:
+                    break
+        return int(row.step.num)  # the row's _step, as wandb-core wrote it
+
     steps: list[Any] = []
     seen = 0
-    tail = Tail(path)
-    for payload in tail.records():
+    last: bytes | None = None
+    for payload in Tail(path).records():
         if record_kind(payload) != HISTORY_FIELD:
             continue
         seen += 1
-        if seen <= skip:
-            continue
-        record = wandb_internal_pb2.Record.FromString(payload)  # type: ignore[attr-defined]
-        for item in record.history.item:
-            key = item.key or "/".join(item.nested_key)
-            if key == step_key:
-                try:
-                    steps.append(json.loads(item.value_json))
-                except ValueError:
-                    pass
-                break
-    return steps
+        last = payload
+        if seen > skip:
+            steps.append(step_of(payload))
+    return steps, 0 if last is None else int(history(last).step.num) + 1
 
 
 def log_path(run_dir: str, run_id: str) -> str:
