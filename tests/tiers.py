@@ -50,6 +50,8 @@ GATE: frozenset[str] = frozenset(
         # run`, and set from a spawn worker's wf.init (issue 34; 5 s; wandb's cross-validation
         # example: the full tier)
         "processes/test_run_attributes.py::test_name_notes_and_tags_set_from_any_rank_are_plain_wandbs",
+        # the terminal of a script that never calls finish() (issue 34)
+        "processes/test_parity.py::test_a_script_that_never_finishes_prints_what_plain_wandb_prints",
         # the user's steps as plain wandb writes them (issue 34), one way in
         "processes/test_installed.py::test_steps_and_a_partial_global_step_read_back_as_plain_wandb_writes_them[run]",
         # exit paths: an exception, atexit without close, a signal, a straggler, a dead worker, a

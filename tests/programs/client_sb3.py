@@ -38,7 +38,7 @@ def main() -> None:
     if "--callback" in sys.argv:
         from wandb.integration.sb3 import WandbCallback
 
-        callback = WandbCallback(gradient_save_freq=100, model_save_path=f"models/{run.id}")
+        callback = WandbCallback(gradient_save_freq=4, model_save_path=f"models/{run.id}")
     model.learn(total_timesteps=timesteps, callback=callback)
     run.finish()
 
