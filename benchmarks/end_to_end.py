@@ -4,7 +4,7 @@ exited; and the wandb calls it took.
     python benchmarks/end_to_end.py --mode funnel|per-rank --ranks N --steps S
 
 - funnel: a spawn Pool of N workers logs S steps each through ``wf.log``; the logger merges
-  the ranks of a step into one row, so wandb sees S ``log`` calls (``funnel/rows``).
+  the ranks of a step into one row, so wandb sees S ``log`` calls (``_funnel/rows``).
 - per-rank: N processes, each with its own ``wandb.init`` run (the usual workaround): N x S
   calls and N runs.
 
@@ -107,7 +107,7 @@ def measure(mode: str, ranks: int, steps: int) -> dict[str, Any]:
     trained = float(lines["TRAINED"])
     finished_at, extra = lines["FINISHED"].split(" ", 1)
     stats = json.loads(extra)
-    calls = stats.get("funnel/rows", stats.get("calls"))
+    calls = stats.get("_funnel/rows", stats.get("calls"))
     return {
         "first_log_to_finished_s": float(finished_at) - first,
         "exit_latency_s": gone - trained,

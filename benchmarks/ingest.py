@@ -87,14 +87,14 @@ def funnel(producers: int, per_producer: int, records: int) -> dict[str, Any]:
     elapsed = time.perf_counter() - t0
     sampler.stop.set()
     stats = f.stats or {}
-    taken = stats.get("funnel/records", 0)
+    taken = stats.get("_funnel/records", 0)
     return {
         "records_per_s": taken / elapsed,
         "records": taken,
         "sent": producers * per_producer * records,
-        "dropped": stats.get("funnel/dropped_records"),
-        "late": stats.get("funnel/late_records"),
-        "rows": stats.get("funnel/rows"),
+        "dropped": stats.get("_funnel/dropped_records"),
+        "late": stats.get("_funnel/late_records"),
+        "rows": stats.get("_funnel/rows"),
         "seconds": elapsed,
         "producers_seconds": t_sent - t0,
         "logger_peak_rss_mb": sampler.peak,

@@ -50,8 +50,8 @@ def funnel(fields: int, calls: int) -> dict[str, Any]:
         figures: dict[str, Any] = out.get()
         worker.join()
     stats = f.stats or {}
-    figures["dropped"] = stats.get("funnel/dropped_records")
-    figures["logged"] = stats.get("funnel/records")
+    figures["dropped"] = stats.get("_funnel/dropped_records")
+    figures["logged"] = stats.get("_funnel/records")
     return figures
 
 

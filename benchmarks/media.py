@@ -56,7 +56,7 @@ def one(mode: str, images: int) -> dict[str, Any]:
             costs.append(time.perf_counter() - t0)
         funnel.close()
         done = time.perf_counter()
-        assert funnel.stats is not None and funnel.stats["funnel/media"] == images, funnel.stats
+        assert funnel.stats is not None and funnel.stats["_funnel/media"] == images, funnel.stats
     return {"worker_us": statistics.median(costs) * 1e6, "images_per_s": images / (done - start)}
 
 

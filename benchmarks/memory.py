@@ -126,8 +126,8 @@ def stalled_rank() -> dict[str, Any]:
         "logger_rss_mb_first_quarter": statistics.median(s[1] for s in samples[:quarter]),
         "logger_rss_mb_last_quarter": statistics.median(s[1] for s in samples[-quarter:]),
         "logger_rss_mb_peak": max(s[1] for s in samples),
-        "rows": stats.get("funnel/rows"),
-        "records": stats.get("funnel/records"),
+        "rows": stats.get("_funnel/rows"),
+        "records": stats.get("_funnel/records"),
         "seconds": samples[-1][0],
     }
 

@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     stats = funnel.stats or {}
     print(
         f"run {funnel.run_id}: {len(done)} workers x {args.steps} steps -> "
-        f"{stats.get('funnel/records')} records logged, "
-        f"{stats.get('funnel/dropped_records')} dropped, "
-        f"{stats.get('funnel/late_records')} late; "
+        f"{stats.get('_funnel/records')} records logged, "
+        f"{stats.get('_funnel/dropped_records')} dropped, "
+        f"{stats.get('_funnel/late_records')} late; "
         f"dir {os.environ.get('WANDB_DIR', '.')}/wandb"
     )
     return 0

@@ -18,7 +18,11 @@ def test_rank_from_the_launcher_is_taken_once_by_the_process_it_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RANK", "3")
-    monkeypatch.delenv(ENV_RANK_PID, raising=False)
+    # Recorded as absent (a delenv of an absent variable records nothing): what _env_rank
+    # sets here must not outlive the test (it leaked into the next job's processes, whose
+    # mp.spawn ranks then took themselves for inherited children: two runs, not one).
+    monkeypatch.setenv(ENV_RANK_PID, "")
+    monkeypatch.delenv(ENV_RANK_PID)
     assert _api._env_rank() == 3
     assert os.environ[ENV_RANK_PID] == str(os.getpid())  # children will know it is not theirs
     monkeypatch.setenv(ENV_RANK_PID, "1")  # inherited from another process: not ours
@@ -29,7 +33,8 @@ def test_rank_from_the_launcher_is_taken_once_by_the_process_it_names(
 
 def test_a_bad_rank_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RANK", "zero")
-    monkeypatch.delenv(ENV_RANK_PID, raising=False)
+    monkeypatch.setenv(ENV_RANK_PID, "")  # recorded as absent, as above
+    monkeypatch.delenv(ENV_RANK_PID)
     with pytest.raises(ValueError, match="RANK must be an integer"):
         _api._env_rank()
     with pytest.raises(ValueError, match="rank must be a non-negative int"):

@@ -84,11 +84,11 @@ def test_media_of_rows_handed_to_wandb_that_never_reached_the_file_are_not_count
         "records": 4,  # in the 2 saved rows
         "recent_rows": [2, 1, 2],
         "recent_media": [1, 0, 2],
-        "base": {"funnel/media": 5, "funnel/files": 1},
+        "base": {"_funnel/media": 5, "_funnel/files": 1},
     }
     continuity.write_json(str(tmp_path), continuity.STATE_FILE, state)
     before = continuity.resume(str(tmp_path), 1, "global_step")
-    assert before.base == {"funnel/media": 3, "funnel/files": 1}
+    assert before.base == {"_funnel/media": 3, "_funnel/files": 1}
     assert before.records == 4 + 2 and before.rows == 3
     assert before.steps_after_saved == frozenset({2})
     assert before.next_step == 3  # the successor's rows go on past the dead one's

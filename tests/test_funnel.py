@@ -24,6 +24,13 @@ def test_an_id_is_made_when_none_is_given() -> None:
     assert len(first.run_id) == 8 and first.run_id.isalnum() and first.run_id != second.run_id
 
 
+def test_wandb_run_id_names_the_run_when_no_id_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """wandb's rule: ``WANDB_RUN_ID`` is the run's id unless ``id=`` says otherwise."""
+    monkeypatch.setenv("WANDB_RUN_ID", "fromenv1")
+    assert wf.Funnel().run_id == "fromenv1"
+    assert wf.Funnel(id="given").run_id == "given"
+
+
 def test_wandb_arguments_must_be_plain_data_and_are_named() -> None:
     with pytest.raises(TypeError, match="notes= must be plain data"):
         wf.Funnel(notes=object())

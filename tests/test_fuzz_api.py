@@ -43,7 +43,7 @@ def test_public_api_raises_only_type_or_value_errors_and_keeps_working(
     """Random keys, values, nesting, sizes, steps (negative, huge, backwards, not ints) and
     commit flags through ``wf.log`` and ``Run.log``, and random summary and config updates:
     every call succeeds or raises TypeError/ValueError (anything else fails the scenario);
-    every record a call accepted reaches the run (``funnel/records`` is exactly the accepted
+    every record a call accepted reaches the run (``_funnel/records`` is exactly the accepted
     calls plus the final good log, none dropped, one history row per accepted step); the
     final log, summary and config value land; no junk on the socket."""
     log_examples, update_examples = examples(LOG_EXAMPLES), examples(UPDATE_EXAMPLES)
@@ -81,11 +81,11 @@ def test_public_api_raises_only_type_or_value_errors_and_keeps_working(
 
     run = only_run(scripts.wandb_dir)
     assert run.exit_code == 0
-    assert stats["funnel/records"] == counts["log_ok"] + 1  # + the final good log
-    assert run.summary["funnel/records"] == counts["log_ok"] + 1
-    assert run.summary["funnel/dropped_records"] == 0
-    assert run.summary["funnel/junk_frames"] == 0
-    assert run.summary["funnel/rejected_peers"] == 0
+    assert stats["_funnel/records"] == counts["log_ok"] + 1  # + the final good log
+    assert run.summary["_funnel/records"] == counts["log_ok"] + 1
+    assert run.summary["_funnel/dropped_records"] == 0
+    assert run.summary["_funnel/junk_frames"] == 0
+    assert run.summary["_funnel/rejected_peers"] == 0
     # Every accepted record's step has a row: at its _step, or, late, under the step key.
     assert {step_of(row, info["step_key"]) for row in run.history} == set(info["ok_steps"])
     assert [

@@ -39,8 +39,8 @@ def test_a_rank_that_stops_while_the_others_wedge_is_named_once() -> None:
     assert health.check(now + 30, live) is None
     health.batch(3, 30, 1, now + 31)
     assert health.check(now + 31.5, live) == ("resumed", "progress resumed after 21 s of stall")
-    assert health.summary()["funnel/stalls"] == 1
-    assert "rank 3 is behind" in health.summary()["funnel/last_stall"]
+    assert health.summary()["_funnel/stalls"] == 1
+    assert "rank 3 is behind" in health.summary()["_funnel/last_stall"]
 
 
 def test_a_silent_rank_while_the_others_advance() -> None:
@@ -88,7 +88,7 @@ def test_the_first_nan_of_each_rank_and_key_is_said_and_every_one_counted() -> N
     ]
     assert health.values(1, 26, {"loss": math.nan}) == []  # counted, not said again
     assert health.values(2, 26, {"loss": -math.inf}) == ["rank 2 logged -inf for 'loss' at step 26"]
-    assert health.summary()["funnel/nonfinite"] == 4
+    assert health.summary()["_funnel/nonfinite"] == 4
 
 
 def test_spread_writes_mean_min_max_and_their_ranks_and_finds_the_straggler() -> None:
@@ -111,7 +111,7 @@ def test_spread_writes_mean_min_max_and_their_ranks_and_finds_the_straggler() ->
             assert math.isclose(out["step_time"], (0.1 * 3 + 0.3) / 4)
     assert len(said) == 1 and "rank 2 is a straggler" in said[0] and "3.00x the median" in said[0]
     assert f"for {STRAGGLER_STEPS} steps in a row" in said[0]
-    assert health.summary()["funnel/stragglers"] == [2]
+    assert health.summary()["_funnel/stragglers"] == [2]
 
 
 def test_a_max_rank_that_changes_is_no_straggler() -> None:
@@ -120,7 +120,7 @@ def test_a_max_rank_that_changes_is_no_straggler() -> None:
         slow = step % 4
         values = [0.3 if r == slow else 0.1 for r in range(4)]
         assert health.spread("t", [0, 1, 2, 3], values, step) is None
-    assert health.summary()["funnel/stragglers"] == []
+    assert health.summary()["_funnel/stragglers"] == []
 
 
 def test_ranks_text() -> None:

@@ -89,8 +89,8 @@ def test_a_tensorboard_directory_is_sent_from_the_loggers_host_and_counted_from_
             run._tensorboard_callback("runs/a", save=True, root_logdir="")
         run._tensorboard_callback("runs/b")  # counted again, warned once
         assert sent == [
-            (SUMMARY, {"funnel/unsupported_calls": 1}),
-            (SUMMARY, {"funnel/unsupported_calls": 2}),
+            (SUMMARY, {"_funnel/unsupported_calls": 1}),
+            (SUMMARY, {"_funnel/unsupported_calls": 2}),
         ]
     else:
         run._tensorboard_callback("runs/a", save=False, root_logdir="runs")

@@ -111,7 +111,7 @@ def test_libraries_see_wandbs_run_class(installed: None) -> None:
     with pytest.warns(FunnelWarning, match=r"run.alert\(\) does not go through the funnel"):
         view.alert("title", "text")
     view.alert("title", "text")  # warned once; counted each time
-    assert stream.updates[-1].data == {"funnel/unsupported_calls": 2}
+    assert stream.updates[-1].data == {"_funnel/unsupported_calls": 2}
     assert view.starting_step == 0 and view.resumed is False
 
 
@@ -123,7 +123,7 @@ def test_installed_log_leaves_out_what_it_cannot_carry_and_counts_it(installed: 
     view.log({"arr": np.arange(2), "loss": 0.4})
     assert stream.records == [{"loss": 0.5}, {"loss": 0.4}]
     assert view.step == 2  # the step moved as in wandb
-    assert stream.updates[-1].data == {"funnel/dropped_values": 2}
+    assert stream.updates[-1].data == {"_funnel/dropped_values": 2}
     with pytest.raises(TypeError, match="keys must be str"):
         view.log({1: 2})  # the caller's error, not a value's
 
@@ -208,6 +208,9 @@ def test_a_process_that_never_calls_init_gets_no_exit_work(tmp_path: Any) -> Non
     )
     plain = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_FUNNEL_")}
     plain.pop("PYTHONPATH", None)
+    # Rank 1 of a torchrun job, as in timm's case (a top-level process of its own would
+    # start a logger ahead of time at `import wandb`: tests/processes/test_prewarm.py).
+    plain.update(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
     installed = dict(plain, PYTHONPATH=installer.BOOTSTRAP_DIR, **{ENV_INSTALL: "{}"})
     hooks_plain, threads_plain = json.loads(_python(code, plain))
     hooks_installed, threads_installed = json.loads(_python(code, installed))

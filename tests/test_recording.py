@@ -23,7 +23,7 @@ def test_what_the_sink_records_reads_back_in_order(tmp_path: pathlib.Path) -> No
     sink.log({"loss": math.nan}, None, 2, False)  # open: a later record merges into it
     sink.log({"acc": 0.5}, None, 2, False)
     sink.update_config({"bs": 8})
-    sink.update_summary({"funnel/records": 2})
+    sink.update_summary({"_funnel/records": 2})
     sink.define_metric({"name": "loss", "summary": "min"})
     sink.finish(3)
     cap = RunCapture()
@@ -34,7 +34,7 @@ def test_what_the_sink_records_reads_back_in_order(tmp_path: pathlib.Path) -> No
         {"loss": "nan", "acc": 0.5, "_step": 2},  # JSON has no NaN; finish wrote it
     ]
     assert cap.config == {"lr": 0.1, "bs": 8}
-    assert cap.summary == {"funnel/records": 2}
+    assert cap.summary == {"_funnel/records": 2}
     assert cap.metrics == [{"name": "loss", "summary": "min"}]
     assert cap.console == [("stderr", "bar\r"), ("stdout", "{'loss': 1.0}\n")]
     assert cap.console_text == "bar\r{'loss': 1.0}\n"

@@ -59,22 +59,22 @@ def test_finish_writes_every_row_in_order_when_time_allows() -> None:
     writer, sink = _writer_for(2_500)  # more than one slice
     writer.finish(0, {}, write_deadline=time.monotonic() + 60)
     assert [row["x"] for row in sink.rows] == list(range(2_500))
-    assert sink.summary["funnel/records"] == 2_500
-    assert sink.summary["funnel/dropped_records"] == 0
+    assert sink.summary["_funnel/records"] == 2_500
+    assert sink.summary["_funnel/dropped_records"] == 0
     assert sink.exit_code == 0
 
 
 def test_finish_past_its_deadline_counts_rows_and_still_sends_the_accounting() -> None:
     writer, sink = _writer_for(50_000)
     steps: list[str] = []
-    writer.finish(143, {"funnel/ranks": 2}, 7, time.monotonic() - 1, steps.append)
+    writer.finish(143, {"_funnel/ranks": 2}, 7, time.monotonic() - 1, steps.append)
     assert len(sink.rows) == 0
     # Counted in bulk: not one row was released (in order, one heap pop each) only to be
     # counted; with 500k records queued that took seconds the summary and finish needed.
     assert writer.order.last_released_step == -1
-    assert sink.summary["funnel/records"] == 0
-    assert sink.summary["funnel/dropped_records"] == 50_000 + 7
-    assert sink.summary["funnel/ranks"] == 2
+    assert sink.summary["_funnel/records"] == 0
+    assert sink.summary["_funnel/dropped_records"] == 50_000 + 7
+    assert sink.summary["_funnel/ranks"] == 2
     assert sink.exit_code == 143
     assert steps == [
         "run: buffered rows done (0 records written, 50000 counted)",
@@ -111,8 +111,8 @@ def test_deadline_passing_while_writing_counts_the_rest_exactly(monkeypatch: Any
     writer.finish(0, {}, write_deadline=1.5)
     written = [row["x"] for row in sink.rows]
     assert written == list(range(len(written))) and 1_000 < len(written) < 2_000
-    assert sink.summary["funnel/records"] == len(written) + 1  # step 3 has two records
-    assert sink.summary["funnel/records"] + sink.summary["funnel/dropped_records"] == 50_001
+    assert sink.summary["_funnel/records"] == len(written) + 1  # step 3 has two records
+    assert sink.summary["_funnel/records"] + sink.summary["_funnel/dropped_records"] == 50_001
     assert writer.order.last_released_step < 2_000  # the rest counted in bulk
     assert sink.exit_code == 0
 
@@ -181,7 +181,7 @@ def test_rows_go_at_their_own_step_and_a_late_one_at_the_next_free_step(capsys: 
     assert list(writer.recent_rows) == [1, 2, 1, 1]
     err = capsys.readouterr().err
     assert err.count("came after a later step was written") == 1
-    assert "reorder_window" in err and "funnel/late_records" in err
+    assert "reorder_window" in err and "_funnel/late_records" in err
 
 
 def test_once_tensorboard_syncs_rows_follow_the_runs_own_steps() -> None:

@@ -50,6 +50,9 @@ GATE: frozenset[str] = frozenset(
         # run`, and set from a spawn worker's wf.init (issue 34; 5 s; wandb's cross-validation
         # example: the full tier)
         "processes/test_run_attributes.py::test_name_notes_and_tags_set_from_any_rank_are_plain_wandbs",
+        # a logger started ahead of time: used, and gone when unused (issue 34)
+        "processes/test_prewarm.py::test_a_script_that_never_calls_init_leaves_no_logger",
+        "processes/test_prewarm.py::test_the_run_takes_the_environment_and_directory_of_its_init",
         # the terminal of a script that never calls finish() (issue 34)
         "processes/test_parity.py::test_a_script_that_never_finishes_prints_what_plain_wandb_prints",
         # the user's steps as plain wandb writes them (issue 34), one way in

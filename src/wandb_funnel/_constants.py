@@ -32,6 +32,11 @@ ENV_RUN_INFO: Final = "_WANDB_FUNNEL_RUN_INFO"
 # Set (to JSON funnel options) by ``install()`` and ``wandb-funnel run``: every Python process
 # started with it installs the funnel into ``wandb`` at startup (``_bootstrap/sitecustomize``).
 ENV_INSTALL: Final = "_WANDB_FUNNEL_INSTALL"
+# In a logger started ahead of time (``_owner/prewarm.py``): import wandb before the start
+# message comes.
+ENV_WARM: Final = "_WANDB_FUNNEL_WARM"
+# "0": no logger is started ahead of time (on by default where it can pay: prewarm.py).
+ENV_PREWARM: Final = "WANDB_FUNNEL_PREWARM"
 
 # What the logger writes once a second in its private directory for `wandb-funnel status`.
 STATUS_FILE: Final = "status.json"
@@ -62,7 +67,7 @@ DEFAULT_MAX_RECORD_BYTES: Final = 64 * 1024 * 1024
 # One media item (an image's file, a video, ...): a bigger one is refused at the call.
 DEFAULT_MAX_MEDIA_BYTES: Final = 256 * 1024 * 1024
 # Media a process has staged that the logger has not taken yet: past this, a media value is
-# dropped and counted (funnel/dropped_media) rather than fill the disk or wait on the logger.
+# dropped and counted (_funnel/dropped_media) rather than fill the disk or wait on the logger.
 MEDIA_INFLIGHT_BYTES: Final = 1024 * 1024 * 1024
 # The largest media item a rank on another node sends as bytes: its chunks share that rank's
 # connection queue with its records.

@@ -85,7 +85,7 @@ def _in_notebook() -> bool:
 
 
 def unsupported_here(run: Any, local: dict[str, Any], how: str) -> None:
-    """Warn once and count (``funnel/unsupported_calls``) each keyword of ``local`` that
+    """Warn once and count (``_funnel/unsupported_calls``) each keyword of ``local`` that
     cannot act in this process (``how`` says why)."""
     for name in local:
         run._unsupported(f"init-{name}", f"wandb.init({name}=...) {how}")

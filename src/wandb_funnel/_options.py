@@ -171,7 +171,7 @@ class FunnelOptions:
         replay_max_records, replay_max_bytes: the bound of each rank's replay buffer: records
             sent and not yet saved in the run's transaction log, resent to a restarted
             logger. Past it the oldest are forgotten (never waited for); a restart then
-            counts them in ``funnel/dropped_records``.
+            counts them in ``_funnel/dropped_records``.
 
     Raises:
         ValueError: an option of the wrong type or out of range, named.

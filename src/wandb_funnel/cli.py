@@ -30,7 +30,7 @@ _DESCRIPTION = """\
 Run a program over and over with a fault injected into each run, and report, per fault: hangs
 (with py-spy stacks when py-spy is installed), the owner's exit codes, the time to exit,
 processes and funnel socket files left behind, and what the .wandb runs say (their exit
-record, funnel/dropped_records). Each run gets a private offline WANDB_DIR (the iteration's
+record, _funnel/dropped_records). Each run gets a private offline WANDB_DIR (the iteration's
 directory under --out), a private TMPDIR and a marker in its environment that finds every
 process of the job.
 

@@ -7,7 +7,7 @@ log lines.
         with capture_run() as cap:
             train(steps=3)  # opens a wf.Funnel / wf.init, spawns workers that log
         assert [row["loss"] for row in cap.rows] == [...]
-        assert cap.summary["funnel/dropped_records"] == 0 and cap.exit_code == 0
+        assert cap.summary["_funnel/dropped_records"] == 0 and cap.exit_code == 0
 
 Every funnel opened inside the block, in this process and in every process started from it
 while it is open (``WANDB_FUNNEL_SINK`` is inherited), writes to a recording sink instead of

@@ -72,7 +72,7 @@ def _run(scripts: Scripts, argv: list[str], extra_env: dict[str, str]) -> WandbR
 
 
 def _users(keys: Any) -> set[str]:
-    return {k for k in keys if k not in NOT_USERS and not k.startswith(("funnel/", "_wandb"))}
+    return {k for k in keys if k not in NOT_USERS and not k.startswith(("_funnel/", "_wandb"))}
 
 
 def _rows(run: WandbRun) -> list[set[str]]:
@@ -103,7 +103,7 @@ def _compare(plain: WandbRun, funnel: WandbRun, name: str) -> None:
     assert _users(plain.summary) <= _users(funnel.summary), _users(plain.summary) - _users(
         funnel.summary
     )
-    assert funnel.summary["funnel/dropped_records"] == 0
+    assert funnel.summary["_funnel/dropped_records"] == 0
 
 
 VARIANTS: dict[str, Callable[[list[str]], tuple[list[str], dict[str, str]]]] = {
@@ -121,7 +121,7 @@ def test_client_through_the_funnel_keeps_everything_plain_wandb_had(
     plain, funnel = side_by_side(
         lambda: _plain(client, tmp_path_factory), lambda: _run(scripts, argv, env)
     )
-    assert funnel.summary.get("funnel/records", 0) > 0, "the run did not go through the funnel"
+    assert funnel.summary.get("_funnel/records", 0) > 0, "the run did not go through the funnel"
     _compare(plain, funnel, CLIENTS[client])
     assert not leftover_processes(scripts.mark), leftover_processes(scripts.mark)
 
@@ -135,9 +135,9 @@ def test_lightning_funnel_logger_brings_every_rank(
     argv = _command("lightning", scripts.tmp_path)
     funnel = _run(scripts, argv, {"CLIENT_FUNNEL_LOGGER": "1"})
     _compare(plain, funnel, "pl-run")
-    assert funnel.summary["funnel/ranks"] == 2
+    assert funnel.summary["_funnel/ranks"] == 2
     # Every row was logged by both ranks: twice the records of the rows.
-    assert funnel.summary["funnel/records"] == 2 * funnel.summary["funnel/rows"]
+    assert funnel.summary["_funnel/records"] == 2 * funnel.summary["_funnel/rows"]
     steps = [row["trainer/global_step"] for row in funnel.history]
     assert steps == [row["trainer/global_step"] for row in plain.history]
     assert all(type(s) is int for s in steps)  # kept as logged, not averaged into floats

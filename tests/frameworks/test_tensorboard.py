@@ -85,8 +85,8 @@ def _compare_one(plain: WandbRun, funnel: WandbRun, skip: tuple[str, ...] = ()) 
     assert tfevents(plain)  # the comparison above was not of two empty lists
     assert funnel.name == plain.name
     assert funnel.exit_code == plain.exit_code == 0
-    assert funnel.summary["funnel/dropped_records"] == 0
-    assert funnel.summary.get("funnel/unsupported_calls", 0) == 0
+    assert funnel.summary["_funnel/dropped_records"] == 0
+    assert funnel.summary.get("_funnel/unsupported_calls", 0) == 0
 
 
 VARIANTS: dict[str, Callable[[list[str]], tuple[list[str], dict[str, str]]]] = {
@@ -135,7 +135,7 @@ def test_every_rank_of_a_torchrun_job_writes_tensorboard_into_the_one_run(
     plain = {run.name: run for run in _plain("tb-ddp", argv, {}, tmp_path_factory)}
     assert sorted(plain) == ["tb-rank0", "tb-rank1"]
     (funnel,) = _run(scripts, [*FUNNEL_RUN, *argv], {})
-    assert funnel.summary["funnel/ranks"] == 2
+    assert funnel.summary["_funnel/ranks"] == 2
     assert len(funnel.history) == sum(len(run.history) for run in plain.values())
     for rank in (0, 1):
         ours = columns(funnel, prefix=f"rank{rank}/")
@@ -166,7 +166,7 @@ def test_stable_baselines3_ppo_under_wandb_funnel_run_matches_plain_wandb(
     steps = {key: [s for s, _ in values] for key, values in columns(funnel).items()}
     assert steps == {key: [s for s, _ in values] for key, values in columns(plain).items()}
     assert "train/value_loss" in steps and "time/fps" in steps
-    assert funnel.summary["funnel/records"] == 0  # SB3 never calls wandb.log: all came from tb
+    assert funnel.summary["_funnel/records"] == 0  # SB3 never calls wandb.log: all came from tb
 
 
 @pytest.mark.frameworks
@@ -191,10 +191,10 @@ def test_sb3_with_wandbs_callback_gives_plain_wandbs_rows_keys_and_model(
     assert [sorted(r) for r in funnel.history] == [sorted(r) for r in plain.history]
     assert "model.zip" in plain.files and "model.zip" in funnel.files
     assert (funnel.path.parent / "files" / "model.zip").stat().st_size > 0
-    assert funnel.summary["funnel/records"] > 0  # the histograms went through the funnel
-    assert funnel.summary["funnel/late_records"] == 0
-    assert funnel.summary["funnel/dropped_records"] == 0
-    assert funnel.summary.get("funnel/dropped_files", 0) == 0
+    assert funnel.summary["_funnel/records"] > 0  # the histograms went through the funnel
+    assert funnel.summary["_funnel/late_records"] == 0
+    assert funnel.summary["_funnel/dropped_records"] == 0
+    assert funnel.summary.get("_funnel/dropped_files", 0) == 0
 
 
 @pytest.mark.parametrize(
@@ -206,7 +206,7 @@ def test_keywords_that_cannot_act_in_the_caller_warn_once_and_are_counted(
 ) -> None:
     """Through ``wf.init`` (wandb's module not installed) the tensorboard and gym patches
     cannot reach the funnel's run; ``capture_loggers`` would hook the logger process's
-    loggers. Each warns once and counts in ``funnel/unsupported_calls``. Installed,
+    loggers. Each warns once and counts in ``_funnel/unsupported_calls``. Installed,
     ``monitor_gym`` acts in the caller (wandb's gym patch is applied there)."""
     result = scripts.run_file(program("init_keywords"), [scenario])
     assert result.returncode == 0, result.stderr
@@ -215,6 +215,6 @@ def test_keywords_that_cannot_act_in_the_caller_warn_once_and_are_counted(
     assert [n for n in not_carried if any(f"({n}=" in w for w in seen["warnings"])] == not_carried
     assert len(seen["warnings"]) == len(not_carried)
     (run,) = find_runs(scripts.wandb_dir)
-    assert run.summary["funnel/unsupported_calls"] == len(not_carried)
+    assert run.summary["_funnel/unsupported_calls"] == len(not_carried)
     assert run.history and run.history[0]["x"] == 1  # the run itself went on
     assert bool(seen["gym_patched"]) is (scenario == "installed")

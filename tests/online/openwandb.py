@@ -28,6 +28,9 @@ Where OpenWandb 0.5.25 keeps a run (``D`` is the data directory; the entity is `
   ``wandb-metadata.json``, ``requirements.txt``, ``media/...``), each overwritten by its
   upload. ``output.log`` mixes two writers: the upload at ``finish`` replaces the file, and
   the filestream's console lines (with their timestamps) are appended, before or after it.
+  wandb-core (plain or funnel) uploads it before its last filestream request, so that
+  request's lines follow the upload, stamped: every line of a run shorter than the 15 s
+  filestream interval is stored twice (``soak/online_console_repeat.py``).
 - The exit code is **not stored**: the filestream's last request carries ``exitcode``, and
   OpenWandb ignores it. The fault proxy (``fault_proxy.py``) records it as it passes; give
   ``run()`` the proxy to fill ``ServerRun.exit_code``.

@@ -86,13 +86,17 @@ def test_an_online_run_reaches_the_server_whole(online: Online, scripts: Scripts
     assert seen["exit_codes"] == [0] * WORKERS and seen["offline"] is False, seen
     assert seen["url"].startswith(online.proxy.url) and seen["run_id"] in seen["url"]
     stats = seen["stats"]
-    assert stats["funnel/records"] == STEPS * (WORKERS + 1) and stats["funnel/rows"] == STEPS
-    assert stats["funnel/dropped_records"] == 0 and stats["funnel/late_records"] == 0
+    assert stats["_funnel/records"] == STEPS * (WORKERS + 1) and stats["_funnel/rows"] == STEPS
+    assert stats["_funnel/dropped_records"] == 0 and stats["_funnel/late_records"] == 0
     server = online.run(seen["run_id"])
     _rows_of_every_rank(server.history)
     assert server.config["lr"] == 0.1 and server.config["workers"] == WORKERS
     assert server.summary["best"] == 1.0
-    assert server.summary["funnel/records"] == STEPS * (WORKERS + 1)
+    # The accounting is in the run's uploaded wandb-summary.json; the server's summary table
+    # (from the filestream) holds no key that starts with "_" (no _runtime or _step either).
+    assert "_funnel/records" not in server.summary
+    assert server.summary_file is not None
+    assert server.summary_file["_funnel/records"] == STEPS * (WORKERS + 1)
     assert server.state == "finished" and server.exit_code == 0
     assert online.proxy.history_lines()[seen["run_id"]] == STEPS  # each row sent once
     assert "did not answer" not in result.stderr
@@ -122,8 +126,8 @@ def test_a_server_that_never_answers_costs_no_rank_any_time_and_no_row(
     local = _local_run(seen)
     assert local.run_id == seen["run_id"]
     _rows_of_every_rank(local.history)
-    assert local.exit_code == 0 and local.summary["funnel/dropped_records"] == 0
-    assert seen["stats"]["funnel/records"] == STEPS * (WORKERS + 1)
+    assert local.exit_code == 0 and local.summary["_funnel/dropped_records"] == 0
+    assert seen["stats"]["_funnel/records"] == STEPS * (WORKERS + 1)
 
     command = _sync_command(result.stderr)
     assert command == ["wandb", "sync", str(pathlib.Path(seen["dir"]).parent)]
@@ -147,7 +151,7 @@ def test_a_server_that_answers_too_late_gets_an_offline_run_while_training_goes_
     assert "closed before it answered" not in said[0]  # it gave up at start_timeout
     local = _local_run(seen)
     _rows_of_every_rank(local.history)
-    assert local.summary["funnel/dropped_records"] == 0
+    assert local.summary["_funnel/dropped_records"] == 0
     assert online.run_ids() == []  # nothing reached the server
 
 
@@ -198,12 +202,12 @@ def test_a_stalled_upload_at_the_end_is_bounded_truthful_and_uploads_later(
     assert "are lost" not in result.stderr, result.stderr[-4000:]
     assert "Safe on this disk" in result.stderr and "exit record" in result.stderr
     stats = seen["stats"]
-    assert stats is not None and stats["funnel/records"] == STEPS * (WORKERS + 1)
-    assert stats["funnel/dropped_records"] == 0
-    assert stats["funnel/exit_reason"].endswith("out of time inside wandb")
+    assert stats is not None and stats["_funnel/records"] == STEPS * (WORKERS + 1)
+    assert stats["_funnel/dropped_records"] == 0
+    assert stats["_funnel/exit_reason"].endswith("out of time inside wandb")
     local = _local_run(seen)
     _rows_of_every_rank(local.history)
-    assert local.exit_code == 0 and local.summary["funnel/rows"] == STEPS
+    assert local.exit_code == 0 and local.summary["_funnel/rows"] == STEPS
 
     command = _sync_command(result.stderr)
     assert command[:3] == ["wandb", "sync", "--include-online"]
@@ -232,7 +236,7 @@ def test_a_filestream_that_stalls_refuses_or_rate_limits_mid_run_loses_no_row(
     result, seen = _ranks(scripts, online, "--step-pause", "0.2", "--close-timeout", "60")
     assert result.returncode == 0, result.stderr[-4000:]
     assert online.proxy.requests("filestream", faulted=True) >= 1  # the fault did happen
-    assert seen["stats"]["funnel/dropped_records"] == 0
+    assert seen["stats"]["_funnel/dropped_records"] == 0
     server = online.run(seen["run_id"])
     _rows_of_every_rank(server.history)
     assert server.state == "finished"

@@ -53,7 +53,7 @@ CLOCKS = ("_timestamp", "_runtime")
 # The funnel's own key in every row (its x-axis: the ranks' step) and in the summary, and its
 # accounting in the summary: by design, asserted separately.
 STEP_KEY = "global_step"
-FUNNEL_PREFIX = "funnel/"
+FUNNEL_PREFIX = "_funnel/"
 # The files OpenWandb holds for any run of these jobs (besides media and saved files).
 RUN_FILES = {
     "config.yaml",
@@ -138,7 +138,7 @@ def run_job(
 # ---- what a user sees ---------------------------------------------------------------------
 def users(data: dict[str, Any]) -> dict[str, Any]:
     """A row or summary without wandb's clocks and bookkeeping (``_runtime``,
-    ``_timestamp``, ``_wandb``) and the funnel's additions (``global_step``, ``funnel/*``);
+    ``_timestamp``, ``_wandb``) and the funnel's additions (``global_step``, ``_funnel/*``);
     ``_step`` is kept: it is equal wherever the script logs without ``step=``."""
     return {
         k: v
@@ -302,10 +302,10 @@ def test_a_rank0_script_online_is_plain_wandbs_run_on_the_server(
     assert funnels(plain.run.summary) == set()
     extra = funnel.run.summary
     assert extra[STEP_KEY] == users_steps[-1]
-    assert extra["funnel/ranks"] == 1 and extra["funnel/rows"] == STEPS
-    assert extra["funnel/records"] == STEPS + len(EVAL_STEPS)  # the commit=False logs
-    assert extra["funnel/dropped_records"] == extra["funnel/late_records"] == 0
-    assert extra["funnel/files"] == 1 and extra["funnel/dropped_files"] == 0  # wandb.save
+    assert extra["_funnel/ranks"] == 1 and extra["_funnel/rows"] == STEPS
+    assert extra["_funnel/records"] == STEPS + len(EVAL_STEPS)  # the commit=False logs
+    assert extra["_funnel/dropped_records"] == extra["_funnel/late_records"] == 0
+    assert extra["_funnel/files"] == 1 and extra["_funnel/dropped_files"] == 0  # wandb.save
 
     # Config: the user's keys and values (int keys of id2label as wandb stores them: str).
     expected_config = {
@@ -419,8 +419,8 @@ def test_hf_trainer_online_through_the_funnel_is_plain_wandbs_run(
     extra = funnel.run.summary
     assert funnels(plain.run.summary) == set()
     assert extra[STEP_KEY] == HF_ROWS - 1 != extra["train/global_step"]
-    assert extra["funnel/ranks"] == 1 and extra["funnel/rows"] == HF_ROWS
-    assert extra["funnel/dropped_records"] == extra["funnel/late_records"] == 0
+    assert extra["_funnel/ranks"] == 1 and extra["_funnel/rows"] == HF_ROWS
+    assert extra["_funnel/dropped_records"] == extra["_funnel/late_records"] == 0
 
     # Files: the same names; requirements.txt the same bytes (the others: see above).
     assert set(plain.run.files) == set(funnel.run.files) == RUN_FILES

@@ -74,8 +74,8 @@ def test_every_ranks_console_reaches_the_run_labelled_and_the_program_is_the_scr
     _every_ranks_system_metrics_are_labelled(run)  # sampled while the ranks talked
     streams = {r["output_type"] for r in run.output_raw}
     assert streams == {"STDOUT", "STDERR"}
-    assert run.summary["funnel/console_lines"] >= 12
-    assert run.summary["funnel/dropped_console_lines"] == 0
+    assert run.summary["_funnel/console_lines"] >= 12
+    assert run.summary["_funnel/dropped_console_lines"] == 0
 
     assert run.environment["program"] == plain.environment["program"]
     assert run.environment["program"].endswith("console.py")
@@ -125,7 +125,7 @@ def test_a_job_where_only_rank_0_calls_wandb_gets_plain_wandb_s_logs_and_system_
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = only_run(scripts.wandb_dir)
     assert leftover_processes(scripts.mark) == []
-    assert run.summary["funnel/records"] > 0  # it went through the funnel
+    assert run.summary["_funnel/records"] > 0  # it went through the funnel
     assert "[rank " not in _console(run)
     assert _console(run) == _console(plain)  # every write, in order, stdout and stderr
     log = (run.path.parent / "files" / "output.log").read_text()
@@ -157,7 +157,7 @@ def test_a_console_flood_is_bounded_and_every_line_counted(scripts: Scripts) -> 
     assert reports(proc.stdout) == {"flooded_0": True, "flooded_1": True}
     console = _console(run)
     kept = console.count("[rank 1] flood ")
-    dropped = run.summary["funnel/dropped_console_lines"]
+    dropped = run.summary["_funnel/dropped_console_lines"]
     assert 0 < dropped < lines and kept + dropped == lines, (kept, dropped)
     numbers = [
         int(line.split()[-1]) for line in console.splitlines() if line.startswith("[rank 1] flood ")

@@ -122,7 +122,7 @@ def test_mode_scope_matrix_on_two_nodes(
             for rank in ranks:
                 key = f"r{rank}/rank{rank}" if mode == "shared" else f"r{rank}"
                 assert row[key] == step
-        assert run.summary["funnel/dropped_records"] == 0
+        assert run.summary["_funnel/dropped_records"] == 0
     assert leftovers_empty(scripts)
 
 
@@ -146,7 +146,7 @@ def test_single_node_four_ranks(scripts: Scripts, scope: str) -> None:
     for row in run.history:
         want = sum(expected_loss(r, row["_step"]) for r in range(4)) / 4
         assert row["loss"] == pytest.approx(want), (row, run.history, run.summary)
-    assert run.summary["funnel/ranks"] == 4
+    assert run.summary["_funnel/ranks"] == 4
     assert leftovers_empty(scripts)
 
 
@@ -170,7 +170,7 @@ def test_rank_raising_fails_the_run(scripts: Scripts) -> None:
     assert results[0].returncode != 0
     (run,) = find_runs(scripts.wandb_dir)
     assert run.exit_code not in (None, 0)
-    assert run.summary["funnel/failed_ranks"] == 1  # rank 1's own goodbye said it raised
+    assert run.summary["_funnel/failed_ranks"] == 1  # rank 1's own goodbye said it raised
     assert any("r1" in row for row in run.history)  # rank 1's records before it raised
     assert leftovers_empty(scripts)
 
@@ -221,8 +221,8 @@ def test_unauthenticated_clients_are_rejected_and_counted(scripts: Scripts) -> N
     for res in results:
         assert res.returncode == 0, res.stderr[-3000:]
     (run,) = find_runs(scripts.wandb_dir)
-    assert run.summary["funnel/rejected_peers"] >= 2
-    assert run.summary["funnel/junk_frames"] == 0
+    assert run.summary["_funnel/rejected_peers"] >= 2
+    assert run.summary["_funnel/junk_frames"] == 0
     assert [r["_step"] for r in run.history] == list(range(STEPS))
     assert "refused" in results[0].stderr
     assert leftovers_empty(scripts)
@@ -263,7 +263,7 @@ def test_ddp_example_trains_and_logs(scripts: Scripts) -> None:
     assert all(0 <= acc <= 1 for _, acc in run.column("eval/acc"))
     assert all(tp > 0 for _, tp in run.column("throughput"))
     assert run.config["world_size"] == 2
-    assert run.summary["funnel/dropped_records"] == 0
+    assert run.summary["_funnel/dropped_records"] == 0
     assert leftovers_empty(scripts)
 
 
@@ -287,6 +287,6 @@ def test_media_from_a_rank_on_another_node_cross_as_bytes(scripts: Scripts) -> N
         for key in ("img", "wimg"):
             assert (files / last[f"{key}/rank{rank}.path"]).is_file()
     assert last["table.nrows"] == 2 and last["hist.values"] == [1, 2]
-    assert run.summary["funnel/dropped_media"] == 0
-    assert run.summary["funnel/junk_frames"] == 0
+    assert run.summary["_funnel/dropped_media"] == 0
+    assert run.summary["_funnel/junk_frames"] == 0
     assert leftovers_empty(scripts)

@@ -96,7 +96,7 @@ def test_a_rank_that_stops_is_named_while_the_others_wedge_in_all_reduce(
 ) -> None:
     """Rank 3 sleeps before step 30 while ranks 0-2 wait in all_reduce: with
     stall_timeout=10, a line names rank 3 as behind within 35 s; the job is then stopped
-    (SIGKILL) and the run's summary has funnel/stalls >= 1."""
+    (SIGKILL) and the run's summary has _funnel/stalls >= 1."""
     proc = _start(scripts, "stall")
     try:
         _read_until(proc, '"ready"', "stdout", 120)
@@ -110,8 +110,8 @@ def test_a_rank_that_stops_is_named_while_the_others_wedge_in_all_reduce(
     finally:
         _stop(scripts, proc)
     run = _wait_for_the_run(scripts)
-    assert run.summary["funnel/stalls"] >= 1
-    assert "rank 3 is behind" in run.summary["funnel/last_stall"]
+    assert run.summary["_funnel/stalls"] >= 1
+    assert "rank 3 is behind" in run.summary["_funnel/last_stall"]
     assert any("rank 3 is behind" in r.get("line", "") for r in run.output_raw)
 
 
@@ -122,7 +122,7 @@ def test_a_nan_on_one_rank_is_named_and_counted(scripts: Scripts) -> None:
     assert proc.returncode == 0, err[-3000:]
     assert "rank 1 logged nan for 'loss' at step 25" in err
     (run,) = find_runs(scripts.wandb_dir)
-    assert run.summary["funnel/nonfinite"] >= 1
+    assert run.summary["_funnel/nonfinite"] >= 1
     row = next(r for r in run.history if r["_step"] == 25)
     assert str(row["loss"]).lower() == "nan"  # the row is written as it was: a NaN mean
 
@@ -130,7 +130,7 @@ def test_a_nan_on_one_rank_is_named_and_counted(scripts: Scripts) -> None:
 @pytest.mark.timeout(240)
 def test_spread_names_the_straggler_and_status_shows_the_job(scripts: Scripts) -> None:
     """Rank 2's step_time is 0.2 s longer from step 10: the late rows have
-    step_time/max_rank == 2 and funnel/stragglers == [2]. Meanwhile `wandb-funnel status
+    step_time/max_rank == 2 and _funnel/stragglers == [2]. Meanwhile `wandb-funnel status
     --json`, from another process, lists the funnel with its 4 ranks and their last steps."""
     proc = _start(scripts, "spread", "--steps", "40")
     try:
@@ -173,7 +173,7 @@ def test_spread_names_the_straggler_and_status_shows_the_job(scripts: Scripts) -
     late = [r for r in run.history if r["_step"] >= 12]
     assert late and all(r["step_time/max_rank"] == 2 for r in late)
     assert all(r["step_time/max"] > 0.2 for r in late)
-    assert run.summary["funnel/stragglers"] == [2]
+    assert run.summary["_funnel/stragglers"] == [2]
 
 
 def _status(scripts: Scripts, want_ranks: int, timeout: float = 30) -> dict[str, Any]:
@@ -212,4 +212,4 @@ def test_a_long_close_says_how_far_it_is(scripts: Scripts) -> None:
     assert said, res.stderr[-3000:]
     lefts = [int(line.split("closing: ")[1].split()[0]) for line in said]
     assert lefts == sorted(lefts, reverse=True) and lefts[0] > 0  # counting down
-    assert reports(res.stdout)["stats"]["funnel/rows"] == 20_000
+    assert reports(res.stdout)["stats"]["_funnel/rows"] == 20_000

@@ -50,7 +50,7 @@ def test_the_wandb_api_through_the_funnel_matches_plain_wandb(
     )
     # What the run holds: the same rows (step= and commit= as wandb treats them), config,
     # name, group, summary and the user's own step metric.
-    assert funnel.summary["funnel/records"] > 0  # it did go through the funnel
+    assert funnel.summary["_funnel/records"] > 0  # it did go through the funnel
     assert [_user(r) for r in funnel.history] == [_user(r) for r in plain.history]
     assert _user(funnel.config) == _user(plain.config)
     assert (funnel.name, funnel.group) == (plain.name, plain.group) == ("surface-run", "g1")
@@ -74,7 +74,7 @@ def test_install_holds_in_every_kind_of_child_process(scripts: Scripts) -> None:
     assert len(run) == 1  # every child's wandb.init joined the owner's run
     values = sorted(v for _, v in run[0].column("child"))
     assert values == [0, 1, 10, 11, 20, 21]
-    assert run[0].summary["funnel/dropped_records"] == 0
+    assert run[0].summary["_funnel/dropped_records"] == 0
 
 
 def _cli(scripts: Scripts, argv: list[str], env: dict[str, str] | None = None) -> Any:
@@ -136,7 +136,7 @@ def test_a_users_own_global_step_is_kept_as_plain_wandb_keeps_it(
     assert funnel.returncode == 0, funnel.stderr[-4000:]
     (plain_run,) = find_runs(plain_scripts.wandb_dir)
     (funnel_run,) = find_runs(scripts.wandb_dir)
-    assert funnel_run.summary["funnel/records"] == 6  # it did go through the funnel
+    assert funnel_run.summary["_funnel/records"] == 6  # it did go through the funnel
     expected = [1000 * (i + 1) for i in range(6)]
     assert [v for _, v in plain_run.column("global_step")] == expected
     assert [v for _, v in funnel_run.column("global_step")] == expected
@@ -161,7 +161,7 @@ def test_funnel_run_makes_every_rank_one_run_with_the_reducers_it_was_given(
     runs = find_runs(scripts.wandb_dir)
     assert len(runs) == 1, [r.path for r in runs]  # plain wandb: one run per rank
     run = runs[0]
-    assert run.group == "DDP" and run.summary["funnel/ranks"] == 2
+    assert run.group == "DDP" and run.summary["_funnel/ranks"] == 2
     assert [v for _, v in run.column("loss")] == [1.0 + step for step in range(10)]  # max
     assert [v for _, v in run.column("rank")] == [0.5] * 10  # the default: mean
     assert not leftover_processes(scripts.mark)
@@ -187,7 +187,7 @@ def test_mp_spawn_ranks_with_only_a_process_group_make_one_run(scripts: Scripts)
     assert len(runs) == 1 and runs[0].name == "spawned"
     # reduce={"loss": "sum"} from install(), applied across the two ranks' rows.
     assert [v for _, v in runs[0].column("loss")] == [10.0 + 2 * s for s in range(5)]
-    assert runs[0].summary["funnel/ranks"] == 2
+    assert runs[0].summary["_funnel/ranks"] == 2
 
 
 def test_the_legacy_launcher_is_a_launcher_too(scripts: Scripts) -> None:
@@ -197,7 +197,7 @@ def test_the_legacy_launcher_is_a_launcher_too(scripts: Scripts) -> None:
     proc = _cli(scripts, ["--", *launch, client])
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = find_runs(scripts.wandb_dir)
-    assert len(runs) == 1 and runs[0].summary["funnel/ranks"] == 2
+    assert len(runs) == 1 and runs[0].summary["_funnel/ranks"] == 2
     assert not leftover_processes(scripts.mark)
 
 
@@ -232,7 +232,7 @@ def test_steps_and_a_partial_global_step_read_back_as_plain_wandb_writes_them(
     assert funnel.returncode == 0, funnel.stderr[-4000:]
     (plain_run,) = find_runs(plain_scripts.wandb_dir)
     (funnel_run,) = find_runs(scripts.wandb_dir)
-    assert funnel_run.summary["funnel/records"] > 0  # it did go through the funnel
+    assert funnel_run.summary["_funnel/records"] > 0  # it did go through the funnel
 
     def rows(run: WandbRun) -> list[dict[str, Any]]:
         return [{k: v for k, v in r.items() if k == "_step" or k[0] != "_"} for r in run.history]
@@ -241,6 +241,6 @@ def test_steps_and_a_partial_global_step_read_back_as_plain_wandb_writes_them(
     assert rows(funnel_run) == rows(plain_run)
     assert funnel_run.metrics == plain_run.metrics
     assert sum("global_step" in r for r in funnel_run.history) == 3
-    assert funnel_run.summary["funnel/late_records"] == 0
+    assert funnel_run.summary["_funnel/late_records"] == 0
     assert "late" not in funnel.stderr, funnel.stderr[-4000:]
     assert not leftover_processes(scripts.mark)

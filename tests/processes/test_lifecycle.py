@@ -96,7 +96,7 @@ def test_signal_mid_run(scripts: Scripts, target: str, signum: int, code: int) -
         assert res.returncode == -signal.SIGTERM
     run = only_run(scripts.wandb_dir)
     assert run.exit_code == code
-    assert run.summary["funnel/records"] > 0
+    assert run.summary["_funnel/records"] > 0
     if target == "group" and signum == signal.SIGTERM:
         # Workers flushed on their own SIGTERM: both ranks' records are in the run.
         assert {v for _, v in run.column("w")} == {0, 1}
@@ -151,7 +151,7 @@ def test_sigterm_during_a_batch_send_loses_nothing(scripts: Scripts, chained: bo
     run = only_run(scripts.wandb_dir)
     # The SIGTERM landed at the batch's last log(): that whole batch was logged, then it died.
     assert [s for s, _ in run.column("c")] == list(range(BATCH_RECORDS))
-    assert run.summary["funnel/dropped_records"] == 0
+    assert run.summary["_funnel/dropped_records"] == 0
     assert res.stdout.count("USER_HANDLER") == (1 if chained else 0)
     assert res.leftovers == []
 
@@ -162,7 +162,7 @@ def test_close_waits_for_a_straggler(scripts: Scripts) -> None:
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     assert [s for s, _ in run.column("c")] == list(range(40))
-    assert run.summary["funnel/dropped_records"] == 0
+    assert run.summary["_funnel/dropped_records"] == 0
 
 
 def test_dead_worker_is_not_waited_for(scripts: Scripts) -> None:
@@ -174,7 +174,7 @@ def test_dead_worker_is_not_waited_for(scripts: Scripts) -> None:
     assert info["close_s"] < 15  # well below the 15 s a straggler could get
     run = only_run(scripts.wandb_dir)
     assert run.exit_code == 0
-    assert run.summary["funnel/dead_ranks"] == 1
+    assert run.summary["_funnel/dead_ranks"] == 1
     assert [s for s, _ in run.column("c")] == list(range(10))
     assert "died without finishing" in res.stderr
 
@@ -272,11 +272,11 @@ def test_backlog_at_exit_is_delivered_or_counted(scripts: Scripts) -> None:
     info = reports(res.stdout)
     stats = info["stats"]
     assert info["codes"] == [0, 0, 0]
-    assert stats["funnel/records"] + stats["funnel/dropped_records"] == 90000
-    assert stats["funnel/dead_ranks"] == 0
+    assert stats["_funnel/records"] + stats["_funnel/dropped_records"] == 90000
+    assert stats["_funnel/dead_ranks"] == 0
     assert "died without finishing" not in res.stderr
     run = only_run(scripts.wandb_dir)
-    assert run.summary["funnel/records"] == stats["funnel/records"]
+    assert run.summary["_funnel/records"] == stats["_funnel/records"]
 
 
 @pytest.mark.sink("wandb")
@@ -326,7 +326,7 @@ def test_remote_rank_heartbeats_and_death(scripts: Scripts) -> None:
     res = scripts.run_file(LIFECYCLE, ["remote-rank-heartbeats-and-death"], timeout=120)
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
-    assert info["stats"]["funnel/dead_ranks"] == 1  # the quiet one was not taken for dead
+    assert info["stats"]["_funnel/dead_ranks"] == 1  # the quiet one was not taken for dead
     assert info["close_s"] < 20  # well before the 24 s straggler deadline
     run = only_run(scripts.wandb_dir)
     assert run.column("c") == [(0, 0), (1, 1)]  # step 0 merged; the quiet rank's step 1 too
@@ -343,7 +343,7 @@ def test_close_with_a_row_backlog_keeps_its_deadline_and_accounting(scripts: Scr
     info = reports(res.stdout)
     assert info["close_s"] <= 6 + 1.5  # close_timeout, plus slack for a loaded CI machine
     stats = info["stats"]
-    assert stats["funnel/records"] + stats["funnel/dropped_records"] == 40000
+    assert stats["_funnel/records"] + stats["_funnel/dropped_records"] == 40000
     run = only_run(scripts.wandb_dir)
     assert run.exit_code == 0
-    assert run.summary["funnel/records"] == stats["funnel/records"] == len(run.history)
+    assert run.summary["_funnel/records"] == stats["_funnel/records"] == len(run.history)

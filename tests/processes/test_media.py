@@ -59,7 +59,7 @@ def test_wandbs_media_through_install_are_recorded_as_plain_wandb_records_them(
         lambda: _run(scripts, "wandb-objects-run"),
         lambda: _run(plain_scripts, "wandb-objects-run", "--plain"),
     )
-    assert funnel.summary["funnel/records"] == 2 and funnel.summary["funnel/dropped_media"] == 0
+    assert funnel.summary["_funnel/records"] == 2 and funnel.summary["_funnel/dropped_media"] == 0
     got, want = _media_cells(funnel), _media_cells(plain)
     assert len(got) == len(want) == 2
     # One difference, by design: plain wandb writes a Table object shared by several charts
@@ -135,7 +135,7 @@ def test_every_ranks_table_becomes_one_table_and_ranks_never_import_wandb(
     assert seen["exit_codes"] == [0, 0] and seen["wandb_in_rank"] is False
     assert not pathlib.Path(seen["staging"]).exists()
     stats = seen["stats"]
-    assert stats["funnel/dropped_media"] == 0 and stats["funnel/late_records"] == 0
+    assert stats["_funnel/dropped_media"] == 0 and stats["_funnel/late_records"] == 0
     assert len(run.history) == 2
     for row in run.history:
         assert row["preds.nrows"] == 5 and row["preds.ncols"] == 4
@@ -183,20 +183,20 @@ def test_a_kill_with_media_in_flight_leaves_nothing_staged(scripts: Scripts, kil
     assert [r.run_id for r in runs] == [seen["run_id"]], "one run, whatever died"
     run = runs[0]
     assert run.exit_code == 0
-    assert run.summary["funnel/media"] == stats["funnel/media"]
+    assert run.summary["_funnel/media"] == stats["_funnel/media"]
     images = sum(row.get("img._type") == "image-file" for row in run.history)
     assert images > 0
     assert any(row.get("after") == 1 for row in run.history)  # logged after the kill
     if kill == "rank":
-        assert stats["funnel/dead_ranks"] == 1
-        assert stats["funnel/media"] == images  # one image a row, each counted once
+        assert stats["_funnel/dead_ranks"] == 1
+        assert stats["_funnel/media"] == images  # one image a row, each counted once
         assert len(run.segments) == 1
     else:
         # The flooding rank is killed about when the successor starts, so it resends little
         # or nothing: images in the dead logger's rows past its last state are in the run
         # but not counted (docs/DESIGN.md, "Open"); none is counted twice.
-        assert stats["funnel/media"] <= images
-        assert stats["funnel/logger_restarts"] == 1
+        assert stats["_funnel/media"] <= images
+        assert stats["_funnel/logger_restarts"] == 1
         assert len(run.segments) == 2, run.segments
 
 
@@ -232,7 +232,7 @@ def test_the_mnist_predictions_example_holds_one_table_of_both_ranks_rows(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = only_run(scripts.wandb_dir)
-    assert run.exit_code == 0 and run.summary["funnel/dropped_media"] == 0
+    assert run.exit_code == 0 and run.summary["_funnel/dropped_media"] == 0
     (last,) = [row for row in run.history if "predictions._type" in row]
     assert last["predictions.nrows"] == 2 * rows and last["predictions.ncols"] == 14
     table = json.loads((run.path.parent / "files" / last["predictions.path"]).read_text())
@@ -296,4 +296,4 @@ def test_watch_artifacts_and_save_from_any_rank_as_plain_wandb_records_them(
     assert (funnel_dir / "ck-child" / "w.bin").read_text() == "weights of child"
     assert (plain_dir / "ck-owner" / "w.bin").read_text() == "weights of owner"
     assert {"ck-owner/w.bin", "ck-child/w.bin"} <= set(funnel.files)
-    assert funnel.summary["funnel/files"] == 8 and funnel.summary["funnel/dropped_files"] == 0
+    assert funnel.summary["_funnel/files"] == 8 and funnel.summary["_funnel/dropped_files"] == 0

@@ -100,8 +100,8 @@ def test_a_one_process_script_s_run_is_plain_wandb_s_where_a_user_looks(
 ) -> None:
     plain = _plain_run(tmp_path_factory)
     funnel = _run(scripts, variant)
-    assert funnel.run.summary["funnel/records"] > 0, "the run did not go through the funnel"
-    assert funnel.run.summary["funnel/dropped_console_lines"] == 0
+    assert funnel.run.summary["_funnel/records"] > 0, "the run did not go through the funnel"
+    assert funnel.run.summary["_funnel/dropped_console_lines"] == 0
 
     # a, b. The Logs tab: the same text, unlabelled, stdout and stderr in the order the
     # process wrote them (the {'loss': ...} lines between the progress bar's redraws).
@@ -129,7 +129,7 @@ def test_a_one_process_script_s_run_is_plain_wandb_s_where_a_user_looks(
     # accounting stays in the run's summary.
     assert _footer(funnel.terminal) == _footer(plain.terminal)
     assert any(line.endswith("+4 ...") for line in _footer(plain.terminal))  # it was cut
-    assert funnel.run.summary["funnel/dropped_records"] == 0
+    assert funnel.run.summary["_funnel/dropped_records"] == 0
 
     # f. Telemetry lists the script's imports, as wandb.init records its caller's.
     assert "torch" in plain.run.telemetry.get("imports_init", {})
@@ -155,7 +155,7 @@ def test_a_drop_is_said_on_the_terminal_with_the_footer_left_to_the_user(
     shows only the user's keys, and the logger says what was dropped, with the count the
     run's summary holds."""
     funnel = _run(scripts, "run", "--flood", "30000")
-    dropped = funnel.run.summary["funnel/dropped_console_lines"]
+    dropped = funnel.run.summary["_funnel/dropped_console_lines"]
     assert dropped > 0
     assert f"{dropped} dropped_console_lines" in funnel.proc.stderr, funnel.proc.stderr[-2000:]
     assert not [line for line in _footer(funnel.terminal) if "funnel/" in line]
@@ -172,7 +172,7 @@ def test_the_footer_shows_a_users_own_global_step_as_plain_wandb_does(
     plain = plain_scripts.run_command(command, env)
     funnel = scripts.run_command(VARIANTS["run"][:-2] + command, env)
     assert plain.returncode == 0 and funnel.returncode == 0, funnel.stderr[-3000:]
-    assert only_run(scripts.wandb_dir).summary["funnel/records"] == 6
+    assert only_run(scripts.wandb_dir).summary["_funnel/records"] == 6
     assert leftover_processes(scripts.mark) == []
 
     def steps(terminal: str) -> list[str]:
@@ -205,7 +205,7 @@ def test_a_script_that_never_finishes_prints_what_plain_wandb_prints(
         lambda: scripts.run_command([*VARIANTS["run"][:-2], *command], env),
     )
     assert plain.returncode == 0 and funnel.returncode == 0, funnel.stderr[-3000:]
-    assert only_run(scripts.wandb_dir).summary["funnel/records"] == 3  # through the funnel
+    assert only_run(scripts.wandb_dir).summary["_funnel/records"] == 3  # through the funnel
     plain_lines = _wandb_lines(plain.stdout + plain.stderr)
     funnel_lines = _wandb_lines(funnel.stdout + funnel.stderr)
     assert not any("Run history" in line or "Run summary" in line for line in plain_lines)

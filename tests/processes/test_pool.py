@@ -47,10 +47,10 @@ def test_pool_workers_log_every_step(scripts: Scripts, method: str) -> None:
     assert [v for _, v in run.column("score")] == [n * n for n in range(60)]
     assert run.column("lr") == [(0, 0.1)]
     assert run.exit_code == 0
-    assert run.summary["funnel/records"] == 61
-    assert run.summary["funnel/dropped_records"] == 0
-    assert run.summary["funnel/ranks"] == 1 + info["workers"]
-    assert info["stats"]["funnel/records"] == 61
+    assert run.summary["_funnel/records"] == 61
+    assert run.summary["_funnel/dropped_records"] == 0
+    assert run.summary["_funnel/ranks"] == 1 + info["workers"]
+    assert info["stats"]["_funnel/records"] == 61
     assert res.leftovers == []
     assert not os.path.exists(info["address"][len("ipc://") :])
     assert not os.path.exists(os.path.dirname(info["address"][len("ipc://") :]))
@@ -63,9 +63,9 @@ def test_example_pool_spawn_4x200(scripts: Scripts) -> None:
     run = only_run(scripts.wandb_dir)
     assert [row["_step"] for row in run.history] == list(range(200))
     assert run.exit_code == 0
-    assert run.summary["funnel/records"] == 801
-    assert run.summary["funnel/dropped_records"] == 0
-    assert run.summary["funnel/late_records"] == 0
+    assert run.summary["_funnel/records"] == 801
+    assert run.summary["_funnel/dropped_records"] == 0
+    assert run.summary["_funnel/late_records"] == 0
     for row in run.history:
         assert row["throughput"] == 400.0  # 4 workers x 100, reduce="sum"
         per_worker = [row[f"worker_loss.w{w}"] for w in range(4)]
@@ -83,7 +83,7 @@ def test_spawn_process_pattern(scripts: Scripts) -> None:
         col = run.column(f"acc/rank{rank}")
         assert [s for s, _ in col] == list(range(10)), (rank, col)
     assert {f"task_{i}_seed" for i in range(6)} <= set(run.config)
-    assert run.summary["funnel/records"] == 60
+    assert run.summary["_funnel/records"] == 60
     assert run.exit_code == 0
 
 
@@ -94,8 +94,8 @@ def test_share_run_pattern(scripts: Scripts) -> None:
     run = only_run(scripts.wandb_dir)
     for child in range(2):
         assert sorted(s for s, _ in run.column(f"child{child}/seen")) == list(range(20))
-    assert run.summary["funnel/records"] == 60
-    assert run.summary["funnel/dropped_records"] == 0
+    assert run.summary["_funnel/records"] == 60
+    assert run.summary["_funnel/dropped_records"] == 0
 
 
 def test_fork_child_never_reuses_parent_socket(scripts: Scripts) -> None:
@@ -108,8 +108,8 @@ def test_fork_child_never_reuses_parent_socket(scripts: Scripts) -> None:
     run = only_run(scripts.wandb_dir)
     assert run.column("via_inherited_run") == [(1, 1)]
     assert run.column("via_wf_log") == [(2, 2)]
-    assert info["stats"]["funnel/ranks"] == 3  # owner, inherited Run, wf.log
-    assert info["stats"]["funnel/junk_frames"] == 0
+    assert info["stats"]["_funnel/ranks"] == 3  # owner, inherited Run, wf.log
+    assert info["stats"]["_funnel/junk_frames"] == 0
 
 
 def test_socket_dir_is_private(scripts: Scripts) -> None:
@@ -135,7 +135,7 @@ def test_child_that_logs_while_being_unpickled_still_flushes_at_exit(
     assert res.returncode == 0, res.stderr
     info = reports(res.stdout)
     assert info["child_exit"] == 0
-    assert info["stats"]["funnel/dead_ranks"] == 0, res.stderr
+    assert info["stats"]["_funnel/dead_ranks"] == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     assert [v for _, v in run.column("at_import")] == list(range(10))
     assert res.leftovers == []

@@ -62,13 +62,13 @@ def test_a_killed_logger_or_wandb_core_costs_no_step(scripts: Scripts, kill: str
     assert len(run.segments) == 2, run.segments
     _every_step_once(run)
     assert run.exit_code == 0
-    assert run.summary["funnel/logger_restarts"] == 1
-    assert run.summary["funnel/replayed_records"] > 0
+    assert run.summary["_funnel/logger_restarts"] == 1
+    assert run.summary["_funnel/replayed_records"] > 0
     _attributes_in_every_segment(run)
-    assert run.summary["funnel/records"] == 2 * STEPS
-    assert run.summary["funnel/rows"] == STEPS
-    assert run.summary["funnel/dropped_records"] == 0
-    assert info["stats"]["funnel/records"] == 2 * STEPS
+    assert run.summary["_funnel/records"] == 2 * STEPS
+    assert run.summary["_funnel/rows"] == STEPS
+    assert run.summary["_funnel/dropped_records"] == 0
+    assert info["stats"]["_funnel/records"] == 2 * STEPS
     # wandb's own step counter runs on across the segments, as in one process
     assert [step_of(row) for row in run.history] == list(range(STEPS))
     # each segment's own sync command, in order
@@ -99,8 +99,8 @@ def test_a_rank_far_behind_when_the_logger_dies_loses_nothing(scripts: Scripts, 
         missing = sorted(set(range(STEPS)) - set(seen))
         twice = sorted(step for step, n in seen.items() if n > 1)
         assert not missing and not twice, f"{worker}: missing {missing[:30]}, twice {twice[:20]}"
-    assert run.summary["funnel/records"] == 2 * STEPS
-    assert run.summary["funnel/dropped_records"] == 0
+    assert run.summary["_funnel/records"] == 2 * STEPS
+    assert run.summary["_funnel/dropped_records"] == 0
     assert res.leftovers == []
 
 
@@ -118,8 +118,8 @@ def test_images_of_rows_not_yet_saved_survive_the_logger(scripts: Scripts) -> No
         assert steps == list(range(0, STEPS, 10)), (worker, steps)
         types = {row[f"{worker}._type"] for row in run.history if f"{worker}._type" in row}
         assert types == {"image-file"}
-    assert run.summary["funnel/dropped_media"] == 0
-    assert run.summary["funnel/media"] == 2 * STEPS // 10
+    assert run.summary["_funnel/dropped_media"] == 0
+    assert run.summary["_funnel/media"] == 2 * STEPS // 10
     assert res.leftovers == []
 
 
@@ -134,9 +134,9 @@ def test_three_logger_deaths_in_one_job(scripts: Scripts) -> None:
     run = _the_run(scripts, info)
     assert len(run.segments) == 4, run.segments
     _every_step_once(run)
-    assert run.summary["funnel/logger_restarts"] == 3
+    assert run.summary["_funnel/logger_restarts"] == 3
     _attributes_in_every_segment(run)
-    assert run.summary["funnel/records"] == 2 * STEPS
+    assert run.summary["_funnel/records"] == 2 * STEPS
     assert res.leftovers == []
 
 
@@ -174,8 +174,8 @@ def test_the_owners_death_leaves_the_workers_steps_and_a_failed_run(scripts: Scr
     run = _the_run(scripts, info)
     _every_step_once(run)
     assert run.exit_code == 1
-    assert run.summary["funnel/exit_reason"] == "owner lost"
-    assert run.summary["funnel/records"] == 2 * STEPS
+    assert run.summary["_funnel/exit_reason"] == "owner lost"
+    assert run.summary["_funnel/records"] == 2 * STEPS
 
 
 def _alive(scripts: Scripts) -> bool:

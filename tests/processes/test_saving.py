@@ -93,6 +93,6 @@ def test_save_resolves_paths_globs_and_base_path_as_plain_wandb(
 
     # The file the funnel could not copy: warned about at the call, counted, never silent.
     assert "save('broken.bin'): 1 file(s) not saved: broken.bin" in proc.stderr
-    assert funnel.summary["funnel/dropped_files"] == 1
-    assert funnel.summary["funnel/files"] == 6  # the six files it copied
+    assert funnel.summary["_funnel/dropped_files"] == 1
+    assert funnel.summary["_funnel/files"] == 6  # the six files it copied
     assert not leftover_processes(scripts.mark)

@@ -69,9 +69,9 @@ def test_another_user_cannot_reach_the_ipc_socket(scripts: Scripts) -> None:
     assert result["zmq_answered"] is False
 
     stats = info["stats"]
-    assert stats["funnel/records"] == 2
-    assert stats["funnel/ranks"] == 1
-    assert stats["funnel/junk_frames"] == 0 and stats["funnel/rejected_peers"] == 0
+    assert stats["_funnel/records"] == 2
+    assert stats["_funnel/ranks"] == 1
+    assert stats["_funnel/junk_frames"] == 0 and stats["_funnel/rejected_peers"] == 0
     run = only_run(scripts.wandb_dir)
     assert run.column("before") == [(0, 1)] and run.column("after") == [(1, 1)]
     assert not any("intruder" in k for row in run.history for k in row)
@@ -82,7 +82,7 @@ def test_tcp_clients_without_the_jobs_keys_are_refused_and_counted(scripts: Scri
     """Over TCP: clients with no CURVE keys, with a key pair of their own (right server key),
     and with another job's keys, each sending a hello with the job's token and a record, get
     no answer; every connection attempt is refused at the handshake and counted exactly once
-    in funnel/rejected_peers; none of their frames reach the logger (no junk); the run has
+    in _funnel/rejected_peers; none of their frames reach the logger (no junk); the run has
     none of their records, while a worker holding the job's keys logs over the same TCP
     endpoint and lands."""
     res = scripts.run_file(SECURITY, ["tcp"])
@@ -97,10 +97,10 @@ def test_tcp_clients_without_the_jobs_keys_are_refused_and_counted(scripts: Scri
     }
     assert info["code"] == 0
     stats = info["stats"]
-    assert stats["funnel/rejected_peers"] == info["attempts"] == 6
-    assert stats["funnel/junk_frames"] == 0
-    assert stats["funnel/ranks"] == 2  # the owner and the keyed worker
-    assert stats["funnel/records"] == 1 + 5
+    assert stats["_funnel/rejected_peers"] == info["attempts"] == 6
+    assert stats["_funnel/junk_frames"] == 0
+    assert stats["_funnel/ranks"] == 2  # the owner and the keyed worker
+    assert stats["_funnel/records"] == 1 + 5
     assert "refused" in res.stderr  # the logger says so
     run = only_run(scripts.wandb_dir)
     assert [v for _, v in run.column("tcp_worker")] == list(range(5))
@@ -156,13 +156,13 @@ def test_another_job_cannot_reach_this_funnel(scripts: Scripts, tmp_path: pathli
     assert "did not answer" in res_b.stderr
 
     # Job A saw the misdirected worker at its socket and let nothing in.
-    assert a["stats"]["funnel/rejected_peers"] == 1  # its one hello, with job B's token
-    assert a["stats"]["funnel/junk_frames"] >= 2  # its records and its goodbye, at least
-    assert a["stats"]["funnel/records"] == 2 and a["stats"]["funnel/ranks"] == 1
+    assert a["stats"]["_funnel/rejected_peers"] == 1  # its one hello, with job B's token
+    assert a["stats"]["_funnel/junk_frames"] >= 2  # its records and its goodbye, at least
+    assert a["stats"]["_funnel/records"] == 2 and a["stats"]["_funnel/ranks"] == 1
     # Job B never saw it: it was pointed elsewhere.
-    assert b["stats"]["funnel/ranks"] == 1  # b_worker (B's owner logs nothing itself)
-    assert b["stats"]["funnel/records"] == 5
-    assert b["stats"]["funnel/junk_frames"] == 0 and b["stats"]["funnel/rejected_peers"] == 0
+    assert b["stats"]["_funnel/ranks"] == 1  # b_worker (B's owner logs nothing itself)
+    assert b["stats"]["_funnel/records"] == 5
+    assert b["stats"]["_funnel/junk_frames"] == 0 and b["stats"]["_funnel/rejected_peers"] == 0
 
     run_a, run_b = only_run(job_a.wandb_dir), only_run(scripts.wandb_dir)
     assert (run_a.run_id, run_b.run_id) == ("job-a", "job-b")

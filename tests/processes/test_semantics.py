@@ -26,8 +26,8 @@ def test_auto_mode_reduces_like_all_gather(scripts: Scripts) -> None:
         assert row["loss"] == pytest.approx(sum(r * 10 + s for r in (1, 2, 3)) / 3)
         assert row["tput"] == 3.0
         assert row["only2"] == s
-    assert run.summary["funnel/late_records"] == 0
-    assert run.summary["funnel/ranks"] == 3
+    assert run.summary["_funnel/late_records"] == 0
+    assert run.summary["_funnel/ranks"] == 3
 
 
 def test_shared_mode_keeps_every_rank(scripts: Scripts) -> None:
@@ -51,7 +51,7 @@ def test_rare_rank_lands_at_its_steps_without_stalling(scripts: Scripts) -> None
     run = only_run(scripts.wandb_dir)
     assert [r["_step"] for r in run.history] == list(range(200))
     assert run.column("only3") == [(0, 0), (50, 50), (100, 100), (150, 150)]
-    assert run.summary["funnel/late_records"] == 0
+    assert run.summary["_funnel/late_records"] == 0
 
 
 @pytest.mark.sink("wandb")  # what wandb wrote is checked
@@ -62,8 +62,8 @@ def test_late_record_is_logged_at_its_step_and_counted(scripts: Scripts) -> None
     assert res.returncode == 0, res.stderr
     run = only_run(scripts.wandb_dir)
     assert run.column("late", "global_step") == [(5, 5)]  # its own step, kept
-    assert run.summary["funnel/late_records"] == 1
-    assert run.summary["funnel/records"] == 21
+    assert run.summary["_funnel/late_records"] == 1
+    assert run.summary["_funnel/records"] == 21
     steps = [r["_step"] for r in run.history]
     assert steps == list(range(21))  # the late row at the next free step
     # Only the late row carries the step key; no axis of the funnel's is declared.
@@ -93,7 +93,7 @@ def test_bad_input_raises_at_call_site_and_funnel_keeps_working(scripts: Scripts
     assert "step" in errors[5]
     run = only_run(scripts.wandb_dir)
     assert run.column("child_ok") == [(0, 1)] and run.column("owner_ok") == [(0, 1)]
-    assert run.summary["funnel/dropped_records"] == 0
+    assert run.summary["_funnel/dropped_records"] == 0
 
 
 def test_junk_on_the_socket_is_counted_and_survived(scripts: Scripts) -> None:
@@ -102,8 +102,8 @@ def test_junk_on_the_socket_is_counted_and_survived(scripts: Scripts) -> None:
     res = scripts.run_file(SEMANTICS, ["junk-on-the-socket"])
     assert res.returncode == 0, res.stderr
     stats = reports(res.stdout)["stats"]
-    assert stats["funnel/junk_frames"] == 4
-    assert stats["funnel/rejected_peers"] == 1
+    assert stats["_funnel/junk_frames"] == 4
+    assert stats["_funnel/rejected_peers"] == 1
     run = only_run(scripts.wandb_dir)
     assert run.column("before") == [(0, 1)] and run.column("after") == [(1, 1)]
     assert "evil" not in {k for row in run.history for k in row}

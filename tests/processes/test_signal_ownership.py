@@ -122,7 +122,7 @@ def test_signal_ownership(
         else:
             assert res.returncode == 0, where
             assert info["child_exitcode"] == expected, where
-            assert info["stats"]["funnel/dropped_records"] == 0, where
+            assert info["stats"]["_funnel/dropped_records"] == 0, where
         # The user's handler: installed where they put it, run exactly once.
         if handler in ("user", "flag", "chain"):
             # Installed after the funnel: still the installed one. Before: ours chains it.
@@ -142,7 +142,7 @@ def test_signal_ownership(
         early = land in ("training", "send") and ends_process  # ended inside a log()
         logged = BATCH_RECORDS if early else STEPS
         assert [s for s, _ in run.column("c")] == list(range(logged)), where
-        assert run.summary["funnel/dropped_records"] == 0, where
+        assert run.summary["_funnel/dropped_records"] == 0, where
         assert run.exit_code is not None, where
         if role == "owner" and handler == "default" and land in ("training", "send"):
             assert run.exit_code == (143 if sig == "TERM" else 130), where

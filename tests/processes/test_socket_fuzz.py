@@ -5,8 +5,8 @@ them (as junk, or as a refused hello or close), and keep serving real ranks mean
 Every fuzz frame is classified in the scenario with the package's own decoder: a frame that
 decodes as a Hello or a Close carries a made-up token (the real one is never used in a seed,
 and a mutation cannot produce 32 secret hex digits), so the logger must count it in
-``funnel/rejected_peers``; every other frame (undecodable, a multi-part message, or a valid
-message from a peer the logger does not know) must be counted in ``funnel/junk_frames``.
+``_funnel/rejected_peers``; every other frame (undecodable, a multi-part message, or a valid
+message from a peer the logger does not know) must be counted in ``_funnel/junk_frames``.
 Frames reach the logger in order per peer and ZeroMQ never drops them here (blocking sends, so
 a full queue waits instead), so both counts are asserted exactly. For the frame classes that
 cannot be valid whatever the decoder says (strict prefixes of a frame, a wrong protocol
@@ -76,9 +76,9 @@ def test_logger_survives_and_counts_100k_fuzzed_frames(scripts: Scripts) -> None
 
     # Every fuzz frame is counted, exactly: nothing else on the socket was junk or refused
     # (the oversize frames never became frames).
-    assert stats["funnel/junk_frames"] == expected["junk"]
-    assert stats["funnel/rejected_peers"] == expected.get("rejected", 0)
-    assert run.summary["funnel/junk_frames"] == expected["junk"]
+    assert stats["_funnel/junk_frames"] == expected["junk"]
+    assert stats["_funnel/rejected_peers"] == expected.get("rejected", 0)
+    assert run.summary["_funnel/junk_frames"] == expected["junk"]
 
     # Memory: bounded, and no growth after the warm-up chunk.
     rss = info["rss"]
@@ -92,13 +92,13 @@ def test_logger_survives_and_counts_100k_fuzzed_frames(scripts: Scripts) -> None
     assert run.column("before") == [(0, 1)]
     assert run.column("steady") == [(i, i) for i in range(steady)]
     assert run.column("after") == [(i, i) for i in range(50)]
-    assert stats["funnel/records"] == 1 + steady + 50
-    assert stats["funnel/dropped_records"] == 0
+    assert stats["_funnel/records"] == 1 + steady + 50
+    assert stats["_funnel/dropped_records"] == 0
     keys = {k for row in run.history for k in row if not k.startswith("_")}
     assert keys == {"before", "steady", "after"}
     assert "lr" not in run.config and "best" not in run.summary
     # Ranks: the owner, the two workers and one per fuzz peer (its closing hello).
-    assert stats["funnel/ranks"] == 3 + CHUNKS
+    assert stats["_funnel/ranks"] == 3 + CHUNKS
 
 
 # A peer that did say a valid hello (it holds the job's token), then sends fresh valid batches,
@@ -132,26 +132,26 @@ def test_logger_survives_fuzzed_frames_from_a_peer_that_said_hello(scripts: Scri
     assert info["alive"] is True and info["code"] == 0
     # The fuzz reached every path: junk, replays or malformed; refused hellos; records taken.
     assert model["junk"] > 1000 and model["rejected"] > 0 and model["records"] > 1000
-    assert stats["funnel/junk_frames"] == model["junk"]
-    assert stats["funnel/rejected_peers"] == model["rejected"]
+    assert stats["_funnel/junk_frames"] == model["junk"]
+    assert stats["_funnel/rejected_peers"] == model["rejected"]
     # Every record is accounted for: written, or dropped (never sent by the peer, as its
     # numbering says, or refused by wandb), none lost silently.
     own = 1 + 50  # the owner's and the later worker's
     taken = own + model["records"]
-    assert stats["funnel/records"] + stats["funnel/dropped_records"] == taken + model["gaps"]
+    assert stats["_funnel/records"] + stats["_funnel/dropped_records"] == taken + model["gaps"]
     run = only_run(scripts.wandb_dir)
-    assert run.summary["funnel/records"] == stats["funnel/records"]
+    assert run.summary["_funnel/records"] == stats["_funnel/records"]
     assert run.column("before", "known-peer-step") == [(0, 1)]  # socket_fuzz's step key
     assert [v for _, v in run.column("after", "known-peer-step")] == list(range(50))
     # A peer's goodbye with a non-zero exit code fails the run, like a rank that raised.
-    assert stats["funnel/failed_ranks"] == (1 if model["exit_code"] else 0)
+    assert stats["_funnel/failed_ranks"] == (1 if model["exit_code"] else 0)
     assert run.exit_code == model["exit_code"]
-    assert stats["funnel/ranks"] == 3  # the owner, the fuzz peer, the later worker
+    assert stats["_funnel/ranks"] == 3  # the owner, the fuzz peer, the later worker
 
 
 # Below ZeroMQ's framing: raw connections to the IPC socket that speak no ZMTP, or a ZMTP
 # greeting with a security mechanism the logger does not use. ZeroMQ refuses the handshake
-# (counted in funnel/rejected_peers); random bytes may also parse as ZMTP 1.0 frames, which
+# (counted in _funnel/rejected_peers); random bytes may also parse as ZMTP 1.0 frames, which
 # then reach the logger as junk. Either way nothing reaches the run.
 @pytest.mark.timeout(120)
 def test_raw_garbage_below_zeromq_is_refused_and_counted(scripts: Scripts) -> None:
@@ -164,11 +164,11 @@ def test_raw_garbage_below_zeromq_is_refused_and_counted(scripts: Scripts) -> No
     info = reports(res.stdout)
     stats = info["stats"]
     assert info["hung_up"] == 100 and info["code"] == 0
-    assert stats["funnel/rejected_peers"] >= 100
-    assert stats["funnel/records"] == 1 + 20
+    assert stats["_funnel/rejected_peers"] >= 100
+    assert stats["_funnel/records"] == 1 + 20
     run = only_run(scripts.wandb_dir)
     assert run.exit_code == 0
     assert [v for _, v in run.column("after")] == list(range(20))
     keys = {k for row in run.history for k in row if not k.startswith("_")}
     assert keys == {"before", "after"}
-    assert stats["funnel/ranks"] == 2
+    assert stats["_funnel/ranks"] == 2

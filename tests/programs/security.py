@@ -26,7 +26,6 @@ import zmq
 from _prelude import Scenarios, option, report
 
 import wandb_funnel as wf
-from wandb_funnel import sinks
 from wandb_funnel._constants import ENV_CURVE, ENV_TOKEN
 from wandb_funnel._options import Topology
 from wandb_funnel._protocol import codec
@@ -40,10 +39,9 @@ HELPER = pathlib.Path(__file__).with_name("security_helper.py")
 # The IPC directory goes where TMPDIR says, and the tests' TMPDIR is under pytest's own
 # /tmp/pytest-of-<user> (0700), which alone would keep other users out. So the funnel makes
 # its directory in /tmp (world-searchable, like any default TMPDIR): then only the funnel's
-# own 0700 directory stands in the way. wandb is set up first, so that nothing else lands in
-# /tmp; the funnel removes its directory when it closes.
+# own 0700 directory stands in the way (wandb-core is the logger's, started in its own
+# process: nothing of wandb's lands in /tmp); the funnel removes its directory when it closes.
 def start_in_tmp(funnel: wf.Funnel) -> wf.Funnel:
-    sinks.backend().setup_service()  # wandb-core only where the sink is wandb
     tempfile.tempdir = "/tmp"
     try:
         funnel.start()

@@ -44,12 +44,12 @@ def test_every_rank_reaches_the_capture_and_wandb_is_never_imported() -> None:
     # Media as descriptors, saved files by name and size.
     assert cap.rows[0]["h1"] == {"_type": "histogram", "values": [1, 2], "bins": [0.0, 1.0, 2.0]}
     assert cap.files == [{"op": "save", "name": "notes.txt", "size": 5}]
-    assert cap.summary["funnel/files"] == 1 and cap.summary["funnel/dropped_files"] == 0
+    assert cap.summary["_funnel/files"] == 1 and cap.summary["_funnel/dropped_files"] == 0
     assert cap.config["lr"] == 0.1
-    assert cap.summary["funnel/records"] == 41 and cap.summary["funnel/dropped_records"] == 0
+    assert cap.summary["_funnel/records"] == 41 and cap.summary["_funnel/dropped_records"] == 0
     assert cap.exit_code == 0
     assert "worker 1 done\n" in cap.console_text
-    assert cap.summary["funnel/ranks"] == 3  # the owner and two workers
+    assert cap.summary["_funnel/ranks"] == 3  # the owner and two workers
     assert "wandb" not in sys.modules
     # Nothing of wandb's on disk: no wandb/ directory in the working directory.
     assert not os.path.exists("wandb")

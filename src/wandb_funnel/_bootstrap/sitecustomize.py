@@ -40,6 +40,12 @@ class _InstallWhenWandbLoads:
 
         def exec_module(module):  # type: ignore[no-untyped-def]
             finder.done = True  # inert from now on (removing it races other importers)
+            try:  # the logger imports wandb beside this import (_owner/prewarm.py)
+                from wandb_funnel._wandb_module.install import prewarm_logger
+
+                prewarm_logger()
+            except Exception:  # never break the user's `import wandb`
+                pass
             load(module)
             try:
                 from wandb_funnel._wandb_module.install import install_into

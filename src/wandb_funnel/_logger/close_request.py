@@ -17,7 +17,7 @@ from dataclasses import dataclass
 class CloseRequest:
     exit_code: int
     budget: float | None  # seconds; None: the funnel's close_timeout
-    why: str  # said in the summary (funnel/exit_reason) and on the terminal
+    why: str  # said in the summary (_funnel/exit_reason) and on the terminal
     at: float  # when it was asked (monotonic): the budget runs from here
 
 

@@ -32,19 +32,19 @@ RUN_DATA_FILE = "logger-run-data.json"
 TAKEN_FILE = "logger-taken.json"
 # The accounting a segment adds to the one before (the rest is counted afresh, or exact).
 ADDITIVE = (
-    "funnel/dropped_records",
-    "funnel/late_records",
-    "funnel/junk_frames",
-    "funnel/rejected_peers",
-    "funnel/media",
-    "funnel/dropped_media",
-    "funnel/files",
-    "funnel/dropped_files",
-    "funnel/console_lines",
-    "funnel/dropped_console_lines",
-    "funnel/replayed_records",
-    "funnel/stalls",
-    "funnel/nonfinite",
+    "_funnel/dropped_records",
+    "_funnel/late_records",
+    "_funnel/junk_frames",
+    "_funnel/rejected_peers",
+    "_funnel/media",
+    "_funnel/dropped_media",
+    "_funnel/files",
+    "_funnel/dropped_files",
+    "_funnel/console_lines",
+    "_funnel/dropped_console_lines",
+    "_funnel/replayed_records",
+    "_funnel/stalls",
+    "_funnel/nonfinite",
 )
 _SETTLE = 0.5  # a dead logger's segment is final once it has not grown for this long
 _SETTLE_MAX = 5.0
@@ -193,8 +193,8 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
         lost_media = sum(
             int(n) for n in (state.get("recent_media") or [])[max(0, rows - unsaved_from) :]
         )
-        if lost_media and "funnel/media" in base:
-            base["funnel/media"] = max(0, base["funnel/media"] - lost_media)
+        if lost_media and "_funnel/media" in base:
+            base["_funnel/media"] = max(0, base["_funnel/media"] - lost_media)
         unstated = frozenset(s for s in after[len(recent) :] if isinstance(s, (int, float, str)))
     return Continuation(
         generation=generation,

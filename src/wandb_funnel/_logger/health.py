@@ -226,10 +226,10 @@ class Health:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "funnel/stalls": self.stalls,
-            "funnel/last_stall": self.last_stall,
-            "funnel/nonfinite": self.nonfinite,
-            "funnel/stragglers": sorted(self.stragglers),
+            "_funnel/stalls": self.stalls,
+            "_funnel/last_stall": self.last_stall,
+            "_funnel/nonfinite": self.nonfinite,
+            "_funnel/stragglers": sorted(self.stragglers),
         }
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from wandb_funnel._constants import (
     BATCH_BYTES,
+    ENV_WARM,
     EXIT_LOGGER_RESTART,
     EXIT_OWNER_LOST,
     EXIT_RANK_DIED,
@@ -54,7 +55,14 @@ from wandb_funnel._logger.saving import SaveTracker
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Done, LoggerStart, UpdateKind
 from wandb_funnel._protocol.sockets import LoggerSocket, remove_ipc_dir
-from wandb_funnel.sinks import Opening, Sink, open_sink, opens_online, shut_down_own_service
+from wandb_funnel.sinks import (
+    Opening,
+    Sink,
+    open_sink,
+    opens_online,
+    shut_down_own_service,
+    warm_up,
+)
 
 _PEER_RCV_HWM = 250  # frames queued per peer inside ZeroMQ (up to 64,000 records)
 _MAX_QUEUED_RECORDS = 500_000  # records decoded and waiting for the writer: bounds memory
@@ -437,7 +445,7 @@ class Logger:
         if self._per_rank is not None:
             # A rank's own run ends with the rank: its exit code, or 1 when it died.
             code = EXIT_RANK_DIED if event.gone else event.exit_code
-            stats = {"funnel/ranks": 1, "funnel/dead_ranks": int(event.gone)}
+            stats = {"_funnel/ranks": 1, "_funnel/dead_ranks": int(event.gone)}
             # The write deadline applies here too: a rank that ends while the run closes must
             # not spend on its backlog the time the other runs' summaries need.
             writer.finish(code, stats, 0, self._write_deadline, self._closing_step)
@@ -548,9 +556,9 @@ class Logger:
             "logger_pid": os.getpid(),
             "started": self._started,
             "state": "closing" if self._closing is not None else "running",
-            "rows": stats["funnel/rows"],
+            "rows": stats["_funnel/rows"],
             "pending_rows": pending,
-            "dropped": stats["funnel/dropped_records"],
+            "dropped": stats["_funnel/dropped_records"],
             "close": self._close_progress,
             "updated": time.time(),
             "ranks": ranks,
@@ -727,8 +735,8 @@ class Logger:
         writers = list(self._writers.values())
         handled = sum(w.records + w.dropped for w in writers)
         queued_or_pending = max(0, self._receiver.received() - handled)
-        stats["funnel/dropped_records"] += queued_or_pending
-        stats["funnel/exit_reason"] = (self._closing[2] if self._closing else "closed") + (
+        stats["_funnel/dropped_records"] += queued_or_pending
+        stats["_funnel/exit_reason"] = (self._closing[2] if self._closing else "closed") + (
             "; out of time inside wandb"
         )
         return stats
@@ -739,7 +747,7 @@ class Logger:
         log = f"{run_dir}/run-{writer.name}.wandb"
         offline = bool(info.get("offline", True))
         head = f"could not finish the run within its {budget:.1f}s close budget"
-        dropped = stats["funnel/dropped_records"]
+        dropped = stats["_funnel/dropped_records"]
         lost = f"{dropped} records, counted" if dropped else "nothing"
         if writer.finish_called:
             where = "" if offline else ", and the upload to W&B did not finish in time"
@@ -763,24 +771,24 @@ class Logger:
         rx = self._receiver
         writers = list(self._writers.values())
         out = {
-            "funnel/records": sum(c.records for c in writers),
-            "funnel/rows": sum(c.rows for c in writers),
-            "funnel/late_records": sum(c.late_records for c in writers),
-            "funnel/dropped_records": sum(c.dropped for c in writers) + rx.dropped,
+            "_funnel/records": sum(c.records for c in writers),
+            "_funnel/rows": sum(c.rows for c in writers),
+            "_funnel/late_records": sum(c.late_records for c in writers),
+            "_funnel/dropped_records": sum(c.dropped for c in writers) + rx.dropped,
             # after a restart, the ranks the dead loggers had too (ended ones do not come back)
-            "funnel/ranks": max(rx.ranks, len(self._before.ranks)),
-            "funnel/dead_ranks": len(rx.dead_ranks),
-            "funnel/failed_ranks": len(self._failed),
-            "funnel/junk_frames": rx.junk_frames,
-            "funnel/rejected_peers": rx.rejected_peers + rx.auth_failures,
-            "funnel/media": sum(c.media.logged for c in writers),
-            "funnel/dropped_media": sum(c.media.dropped for c in writers),
-            "funnel/files": sum(c.media.files for c in writers),
-            "funnel/dropped_files": sum(c.media.dropped_files for c in writers),
-            "funnel/console_lines": sum(c.console.lines for c in writers),
-            "funnel/dropped_console_lines": sum(c.console.dropped for c in writers),
-            "funnel/replayed_records": rx.replayed,
-            "funnel/logger_restarts": self._before.generation,
+            "_funnel/ranks": max(rx.ranks, len(self._before.ranks)),
+            "_funnel/dead_ranks": len(rx.dead_ranks),
+            "_funnel/failed_ranks": len(self._failed),
+            "_funnel/junk_frames": rx.junk_frames,
+            "_funnel/rejected_peers": rx.rejected_peers + rx.auth_failures,
+            "_funnel/media": sum(c.media.logged for c in writers),
+            "_funnel/dropped_media": sum(c.media.dropped for c in writers),
+            "_funnel/files": sum(c.media.files for c in writers),
+            "_funnel/dropped_files": sum(c.media.dropped_files for c in writers),
+            "_funnel/console_lines": sum(c.console.lines for c in writers),
+            "_funnel/dropped_console_lines": sum(c.console.dropped for c in writers),
+            "_funnel/replayed_records": rx.replayed,
+            "_funnel/logger_restarts": self._before.generation,
             **self._health.summary(),
         }
         return self._with_earlier_segments(out)
@@ -797,8 +805,8 @@ class Logger:
             return {}
         return {
             **before.base,
-            "funnel/records": before.records + self._duplicates,
-            "funnel/rows": before.rows,
+            "_funnel/records": before.records + self._duplicates,
+            "_funnel/rows": before.rows,
         }
 
     def teardown_budget(self) -> float:
@@ -835,7 +843,7 @@ class Logger:
             )
         exit_code = run_exit_code(owner_code, list(self._failed.values()))
         extra = {k: v for k, v in self.stats().items() if k not in _PER_WRITER}
-        extra["funnel/exit_reason"] = why
+        extra["_funnel/exit_reason"] = why
         # Records the receiver dropped belong to the one run, unless there is a run per rank.
         elsewhere = self._receiver.dropped if self._per_rank is None else 0
         if None in self._writers:
@@ -857,14 +865,14 @@ class Logger:
                 self._finish_progress,
             )
         stats = self.stats()
-        stats["funnel/exit_reason"] = why
-        # wandb's footer leaves funnel/* out (sinks/wandb/run.py): what went wrong is said
-        # here, in one line, and stays in the run's summary under its funnel/* keys.
-        losses = [f"{stats[key]} {key[len('funnel/') :]}" for key in _REPORTED if stats.get(key)]
+        stats["_funnel/exit_reason"] = why
+        # wandb's footer leaves _funnel/* out (sinks/wandb/run.py): what went wrong is said
+        # here, in one line, and stays in the run's summary under its _funnel/* keys.
+        losses = [f"{stats[key]} {key[len('_funnel/') :]}" for key in _REPORTED if stats.get(key)]
         if losses:
             log_to_stderr(
                 f"what did not go as logged (the run's summary has it under "
-                f"funnel/*): {', '.join(losses)}"
+                f"_funnel/*): {', '.join(losses)}"
             )
         self.final_stats = stats
         self._say_how_to_sync()
@@ -923,20 +931,20 @@ def _warn_once(name: str) -> Callable[[str], None]:
 
 # The accounting that says something went missing or wrong: said on the terminal when not 0.
 _REPORTED = (
-    "funnel/dropped_records",
-    "funnel/late_records",
-    "funnel/dropped_media",
-    "funnel/dropped_files",
-    "funnel/dropped_console_lines",
-    "funnel/dead_ranks",
-    "funnel/failed_ranks",
-    "funnel/junk_frames",
-    "funnel/rejected_peers",
-    "funnel/stalls",
-    "funnel/nonfinite",
+    "_funnel/dropped_records",
+    "_funnel/late_records",
+    "_funnel/dropped_media",
+    "_funnel/dropped_files",
+    "_funnel/dropped_console_lines",
+    "_funnel/dead_ranks",
+    "_funnel/failed_ranks",
+    "_funnel/junk_frames",
+    "_funnel/rejected_peers",
+    "_funnel/stalls",
+    "_funnel/nonfinite",
 )
 # Counted per run by each writer itself; everything else is the funnel's.
-_PER_WRITER = ("funnel/records", "funnel/rows", "funnel/late_records", "funnel/dropped_records")
+_PER_WRITER = ("_funnel/records", "_funnel/rows", "_funnel/late_records", "_funnel/dropped_records")
 
 
 def _write_ready(fd: int, payload: dict[str, Any]) -> None:
@@ -950,7 +958,17 @@ def main() -> int:
     """Entry point of the logger process (``wandb_funnel._logger.__main__``): the start
     message arrives on stdin. Returns the exit code the run was finished with (1 when it
     could not be opened)."""
-    start = LoggerStart.from_json(sys.stdin.buffer.read())
+    if os.environ.pop(ENV_WARM, None):
+        warm_up()  # started ahead of time: the slow imports, before the wait
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        return 0  # started ahead of time and never used: the owner is gone or done
+    start = LoggerStart.from_json(line)
+    if start.env is not None:  # the owner's, now (this process started with an older copy)
+        os.environ.clear()
+        os.environ.update(start.env)
+    if start.cwd is not None:
+        os.chdir(start.cwd)
     ready_fd = start.ready_fd
     # A restart: what the dead logger left (its segment's tail read once it is final).
     before = continuity.resume(start.ipc_dir, start.generation, start.options.step_key)

@@ -128,7 +128,7 @@ class RunWriter:
             f"{self.name}: records for step {row.step} (rank {min(row.parts, default=0)}) came "
             f"after a later step was written; wandb takes no step below its current one, so "
             f"they are written at _step {at} with their own step under {self.step_key!r}, and "
-            f"counted as funnel/late_records (said once). A rank that lags the others by more "
+            f"counted as _funnel/late_records (said once). A rank that lags the others by more "
             f"than reorder_window seconds does this: raise reorder_window "
             f"(WANDB_FUNNEL_REORDER_WINDOW) to keep every row at its step"
         )
@@ -285,14 +285,14 @@ class RunWriter:
         self.console.flush(self.sink if self._broken is None else None)
         summary = {
             **extra,
-            "funnel/records": self.records,
-            "funnel/rows": self.rows,
-            "funnel/late_records": self.late_records,
-            "funnel/dropped_records": self.dropped + dropped_elsewhere,
+            "_funnel/records": self.records,
+            "_funnel/rows": self.rows,
+            "_funnel/late_records": self.late_records,
+            "_funnel/dropped_records": self.dropped + dropped_elsewhere,
         }
-        for key in ("funnel/records", "funnel/rows", "funnel/late_records"):
+        for key in ("_funnel/records", "_funnel/rows", "_funnel/late_records"):
             summary[key] += self.earlier.get(key, 0)
-        summary["funnel/dropped_records"] += self.earlier.get("funnel/dropped_records", 0)
+        summary["_funnel/dropped_records"] += self.earlier.get("_funnel/dropped_records", 0)
         if self.sink is None or self._broken is not None:
             return
         sent = self.summary_sent = self._call("summary", self.sink.update_summary, summary)

@@ -23,7 +23,8 @@ from wandb_funnel._constants import (
     RUN_INFO_FILE,
 )
 from wandb_funnel._options import FunnelOptions, Topology
-from wandb_funnel._owner.logger_process import LoggerProcess
+from wandb_funnel._owner import prewarm
+from wandb_funnel._owner.logger_process import LoggerProcess, logger_env
 from wandb_funnel._owner.supervisor import Supervisor
 from wandb_funnel._protocol.messages import LoggerStart
 from wandb_funnel._protocol.sockets import (
@@ -37,8 +38,6 @@ from wandb_funnel._worker.run import AttachInfo, Run
 from wandb_funnel._worker.run_data import jsonable, parse_config
 from wandb_funnel.errors import FunnelWarning
 from wandb_funnel.sinks import Backend, backend
-
-_TEARDOWN_TIMEOUT = 2.0  # seconds an exiting owner waits for wandb-core to shut down
 
 
 def _stats_interval(settings: dict[str, Any]) -> float:
@@ -130,7 +129,8 @@ class Funnel:
         if wandb_init_kwargs.get("id") is not None and not isinstance(wandb_init_kwargs["id"], str):
             raise TypeError(f"wandb_funnel: id must be a str, got {wandb_init_kwargs['id']!r}")
         if wandb_init_kwargs.get("id") is None:
-            wandb_init_kwargs["id"] = self._sink.run_id()
+            # wandb's own rule: WANDB_RUN_ID names the run when init() is given no id.
+            wandb_init_kwargs["id"] = os.environ.get("WANDB_RUN_ID") or self._sink.run_id()
         self._init_kwargs = _portable_init_kwargs(wandb_init_kwargs, self._sink)
         self._run_id: str = self._init_kwargs["id"]
         settings = self._init_kwargs.get("settings")
@@ -148,7 +148,6 @@ class Funnel:
         self._run: Run | None = None
         self._saved_env: dict[str, str | None] = {}
         self._closed = False
-        self._owns_service = False  # this process started wandb-core (see _close_on_exit)
         self._curve: dict[str, str] | None = None
         self._run_info: dict[str, Any] | None = None
         self._tcp_address: str | None = None
@@ -206,19 +205,20 @@ class Funnel:
         """
         if self._logger is not None:
             raise RuntimeError("wandb_funnel: Funnel.start() called twice")
-        # Before any process is spawned, so all of them share one wandb-core; not for a sink
-        # that is not wandb (WANDB_FUNNEL_SINK: benchmarks, testing.capture_run).
+        # One wandb-core per funnel: the logger's, which it starts for its run (a run that
+        # must outlive this process: a core started here dies with it). Nothing here starts
+        # one (it cost 0.2 s at start, its teardown more at exit, and 50 MB, for nothing).
         self._sink = backend()
-        self._owns_service = self._sink.setup_service()
-        # The run's start, as plain wandb stamps it: in the user's wandb.init, once wandb-core
-        # answers (the logger's own init comes a second or more later).
+        # The run's start, as plain wandb stamps it: in the user's wandb.init (the logger's
+        # own init comes a second or more later).
         started = time.time()
         if self.topology.tcp_host is not None:
             self._curve = new_curve_keys()
         self._address, self._ipc_dir = private_ipc_endpoint()
         # Media files are staged here by name (_worker/media.py); it goes with the directory.
         os.mkdir(os.path.join(self._ipc_dir, MEDIA_DIR), 0o700)
-        ready_r, ready_w = os.pipe()
+        warm = prewarm.take()  # a logger started ahead of time, already past its imports
+        ready_r, ready_w = (warm.ready_r, warm.ready_w) if warm else os.pipe()
         start = LoggerStart(
             address=self._address,
             ipc_dir=self._ipc_dir,
@@ -230,9 +230,13 @@ class Funnel:
             init_kwargs=self._init_kwargs,
             curve=self._curve,
             program=self._sink.program(started),
+            env=logger_env() if warm else None,
+            cwd=os.getcwd() if warm else None,
         )
         try:
-            self._logger, ready = LoggerProcess.spawn(start, ready_r, self.options.start_timeout)
+            self._logger, ready = LoggerProcess.spawn(
+                start, ready_r, self.options.start_timeout, proc=warm.proc if warm else None
+            )
         except BaseException:
             remove_ipc_dir(self._ipc_dir)
             raise
@@ -241,7 +245,8 @@ class Funnel:
         self._export_env()
         # A new logger binds the same endpoints (ranks on other nodes reconnect to the port).
         self._supervisor = Supervisor(
-            start._replace(tcp_endpoint=self._tcp_address),
+            # (a restarted logger is started then, with the environment of then)
+            start._replace(tcp_endpoint=self._tcp_address, env=None, cwd=None),
             self._logger,
             self.options.max_logger_restarts,
             self._logger_restarted,
@@ -346,7 +351,10 @@ class Funnel:
         if logger.returncode is None:
             # Our own streams (rank 0 and any later init() here) say goodbye first.
             for own in stream.open_streams():
-                own.close("owner closed", max(0.0, min(2.0, deadline - time.monotonic())), code)
+                # Not until saved (0.2 s, the transaction log's flush): the run's finish comes
+                # next, and the supervisor has stopped (no logger would replace this one).
+                budget = max(0.0, min(2.0, deadline - time.monotonic()))
+                own.close("owner closed", budget, code, wait_saved=False)
         outcome, self.stats = logger.close(code, deadline, footer)
         self._read_what_the_logger_left()
         if outcome == "already-exited":
@@ -382,10 +390,6 @@ class Funnel:
 
     def _close_on_exit(self, exit_code: int, reason: str) -> None:
         self.close(exit_code, footer=False)
-        # Never in a forked copy of the owner: its inherited wandb state would tear down the
-        # owner's wandb-core, and with it the logger's run.
-        if self._owns_service and os.getpid() == self.owner_pid:
-            self._sink.teardown_service(_TEARDOWN_TIMEOUT, exit_code)
 
     def __enter__(self) -> Funnel:
         return self.start() if self._logger is None else self

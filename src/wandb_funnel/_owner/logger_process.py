@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from wandb_funnel._constants import ENV_INSTALL
+from wandb_funnel._constants import ENV_INSTALL, ENV_WARM
 from wandb_funnel._protocol.codec import decode, encode_close
 from wandb_funnel._protocol.messages import Close, Done, LoggerStart
 from wandb_funnel._protocol.sockets import CLOSER_PREFIX, ClientSocket, client_curve
@@ -48,6 +48,12 @@ LOGGER_BOOTSTRAP = (
 )
 
 
+def logger_env() -> dict[str, str]:
+    """The environment a logger gets: this process's, not installed (it calls the real
+    wandb)."""
+    return {k: v for k, v in os.environ.items() if k not in (ENV_INSTALL, ENV_WARM)}
+
+
 class LoggerProcess:
     """The one logger process of a funnel, seen from the owner."""
 
@@ -63,11 +69,33 @@ class LoggerProcess:
     def returncode(self) -> int | None:
         return self._proc.poll()
 
+    @staticmethod
+    def popen(ready_fd: int, warm: bool = False) -> subprocess.Popen[bytes]:
+        """The logger process, waiting for its start message on stdin (one JSON line);
+        ``warm``: it imports wandb first (started ahead of time: ``_owner/prewarm.py``)."""
+        env = logger_env()
+        if warm:
+            env[ENV_WARM] = "1"
+        return subprocess.Popen(
+            [sys.executable, "-c", LOGGER_BOOTSTRAP],
+            stdin=subprocess.PIPE,
+            pass_fds=(ready_fd,),
+            start_new_session=True,
+            close_fds=True,
+            env=env,
+        )
+
     @classmethod
     def spawn(
-        cls, start: LoggerStart, ready_r: int, timeout: float, grace: float = _START_GRACE
+        cls,
+        start: LoggerStart,
+        ready_r: int,
+        timeout: float,
+        grace: float = _START_GRACE,
+        proc: subprocess.Popen[bytes] | None = None,
     ) -> tuple[LoggerProcess, dict[str, Any]]:
-        """Start the logger and wait (bounded) until it has opened the run.
+        """Start the logger (or give ``proc``, one started ahead of time, its start message)
+        and wait (bounded) until it has opened the run.
 
         ``start.ready_fd`` is the write end of a pipe whose read end is ``ready_r``; both are
         closed here. Returns the logger and its ready line (``{"tcp": endpoint or None}``).
@@ -77,15 +105,8 @@ class LoggerProcess:
                 within ``timeout`` seconds. It is killed first.
         """
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", LOGGER_BOOTSTRAP],
-                stdin=subprocess.PIPE,
-                pass_fds=(start.ready_fd,),
-                start_new_session=True,
-                close_fds=True,
-                # The logger calls the real wandb: it is never installed into.
-                env={k: v for k, v in os.environ.items() if k != ENV_INSTALL},
-            )
+            if proc is None:
+                proc = cls.popen(start.ready_fd)
         except BaseException:
             os.close(ready_r)
             raise
@@ -94,7 +115,7 @@ class LoggerProcess:
         logger = cls(start, proc)
         try:
             assert proc.stdin is not None
-            proc.stdin.write(start.to_json())
+            proc.stdin.write(start.to_json() + b"\n")
             proc.stdin.close()
             ready = logger._wait_ready(ready_r, timeout, grace)
         except BaseException:

@@ -237,6 +237,11 @@ class LoggerStart(NamedTuple):
     # The TCP endpoint the first logger bound (a restarted one binds the same: ranks on
     # other nodes reconnect to it).
     tcp_endpoint: str | None = None
+    # For a logger started ahead of time (``_owner/prewarm.py``): the owner's environment and
+    # working directory now, which the logger takes before it opens the run (a started
+    # logger inherited them when they may have been different).
+    env: dict[str, str] | None = None
+    cwd: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -265,8 +270,18 @@ class LoggerStart(NamedTuple):
                 program=data.get("program"),
                 generation=int(data.get("generation", 0)),
                 tcp_endpoint=data.get("tcp_endpoint"),
+                env=_str_dict(data.get("env")),
+                cwd=str(data["cwd"]) if data.get("cwd") is not None else None,
             )
             _ = start.run_id
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"wandb_funnel: malformed logger start message: {exc}") from exc
         return start
+
+
+def _str_dict(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"env must be a dict, got {type(value).__name__}")
+    return {str(k): str(v) for k, v in value.items()}

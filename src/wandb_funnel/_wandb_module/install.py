@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from wandb_funnel import _api, _current, _init_keywords
 from wandb_funnel._constants import ENV_INSTALL, ORIGINAL_ATTRIBUTE
 from wandb_funnel._options import FunnelOptions
+from wandb_funnel._owner import prewarm
 from wandb_funnel._wandb_module.wandb_run import as_installed
 from wandb_funnel._worker.run import Run
 
@@ -100,6 +102,8 @@ def install(**funnel_options: Any) -> None:
     base = _installed.base if _installed is not None else options_from_env()
     options = {**base, **funnel_options}
     FunnelOptions(**options)  # validated at the call site
+    if "wandb" not in sys.modules:  # the logger imports wandb beside this import
+        prewarm.start()
     import wandb
 
     with _lock:
@@ -109,6 +113,12 @@ def install(**funnel_options: Any) -> None:
         else:
             _installed.options = options
         export(options)
+
+
+def prewarm_logger() -> None:
+    """Start this process's logger ahead of time, as ``import wandb`` begins here
+    (``_owner/prewarm.py`` says where that pays)."""
+    prewarm.start()
 
 
 def install_into(wandb: Any) -> None:
@@ -183,6 +193,12 @@ def _init(*args: Any, **kwargs: Any) -> Any:
         arguments.get("settings") is not None and _disabled(arguments["settings"])
     ):
         return state.originals["init"](*args, **kwargs)  # nothing to funnel: wandb's no-op run
+    if _api.alone_in_a_child():
+        # Plain wandb's own run, as in a process with nothing to funnel; offline unless
+        # asked otherwise, as the funnel's runs are.
+        if "mode" not in arguments and "WANDB_MODE" not in os.environ:
+            kwargs["mode"] = "offline"  # as sinks/wandb/run.py defaults the funnel's runs
+        return state.originals["init"](*args, **kwargs)
     if mode == "dryrun":
         arguments["mode"] = "offline"
     if isinstance(arguments.get("config"), str):  # a YAML file, as wandb reads it

@@ -10,7 +10,7 @@ state it expects, and a training job must never crash on a logging call.
 ``log`` carries wandb's media (``wandb.Image``, ``Table``, ``Histogram``, ``Html``, ``Video``,
 ``Audio``, ``wandb.plot.*`` charts: ``_worker/media.py``), and never raises on a value the
 funnel cannot carry yet (a numpy array, a matplotlib or plotly figure): that value is left out,
-warned about once, and counted in the run's summary (``funnel/dropped_values``), and the rest
+warned about once, and counted in the run's summary (``_funnel/dropped_values``), and the rest
 of the row is logged.
 """
 
@@ -137,9 +137,9 @@ class InstalledRunMixin(Run):
             "log-values",
             f"log() values of type {', '.join(kinds)} (keys {', '.join(dropped[:5])}) do not "
             f"go through the funnel yet; they were left out and are counted in the run's "
-            f"summary as funnel/dropped_values (this warning is shown once)",
+            f"summary as _funnel/dropped_values (this warning is shown once)",
         )
-        self._count("funnel/dropped_values", len(dropped))
+        self._count("_funnel/dropped_values", len(dropped))
         return kept
 
 

@@ -10,7 +10,7 @@ cuts it into lines and labels them with the rank (``_logger/console.py``).
 
 Bounded, never blocking: a line is kept or dropped whole, when it starts, against a budget of
 ``CONSOLE_LINES_PER_S`` lines a second (``CONSOLE_BURST`` at once) and ``CONSOLE_PENDING_CHARS``
-of text waiting; a dropped line is counted (``funnel/dropped_console_lines``), as are lines
+of text waiting; a dropped line is counted (``_funnel/dropped_console_lines``), as are lines
 whose frame found the logger's queue full. The copy is all a write pays.
 """
 

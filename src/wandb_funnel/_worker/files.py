@@ -11,7 +11,7 @@ records name what plain wandb's would.
 Files are not held to ``max_media_bytes`` or the in-flight bound: they are the user's own files,
 not media. A file that cannot be carried (a rank on another node than the logger has no
 staging directory; a file that cannot be copied) is warned about at the call and counted
-(``funnel/dropped_files``).
+(``_funnel/dropped_files``).
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def save_update(
 
 
 def not_saved_update(failed: list[tuple[str, str]]) -> dict[str, Any]:
-    """The FILES update that has the logger count (``funnel/dropped_files``, one a file) and
+    """The FILES update that has the logger count (``_funnel/dropped_files``, one a file) and
     name the files a ``save`` could not carry: entries without a staged file."""
     why = "; ".join(f"{entry}: {reason}" for entry, reason in failed[:5])
     more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""

@@ -19,7 +19,7 @@ masks), never re-encoded.
 Bounds: an item over ``max_media_bytes`` is refused at the call (ValueError). Media a process
 has staged that the logger has not taken yet are bounded (``MEDIA_INFLIGHT_BYTES``); past that,
 and on a node without the logger's disk, a media value is dropped and counted (the logger
-adds it to ``funnel/dropped_media``), never waited for.
+adds it to ``_funnel/dropped_media``), never waited for.
 """
 
 from __future__ import annotations

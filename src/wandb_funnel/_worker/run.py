@@ -475,7 +475,7 @@ class Run:
         run finishes (the file as it was at the call, not as it is at the end).
 
         A file that cannot be carried (from a rank on another node, a directory, a file
-        gone or unreadable) is warned about here and counted in ``funnel/dropped_files``;
+        gone or unreadable) is warned about here and counted in ``_funnel/dropped_files``;
         it is not in the returned list.
 
         Raises:
@@ -511,7 +511,7 @@ class Run:
             update = files.not_saved_update(failed)
             warnings.warn(
                 f"wandb_funnel: save({os.fspath(glob_str)!r}): {update['why']}; counted in "
-                f"the run's summary as funnel/dropped_files",
+                f"the run's summary as _funnel/dropped_files",
                 FunnelWarning,
                 stacklevel=2,
             )
@@ -583,7 +583,7 @@ class Run:
         this process opens a log directory: the logger hands it to the run, whose wandb-core
         reads the tfevents files from disk. From another host than the logger's the files are
         not on its disk (and wandb-core takes only its own host's tfevents files): warned
-        once and counted (``funnel/unsupported_calls``)."""
+        once and counted (``_funnel/unsupported_calls``)."""
         if self._info.logger_host not in (None, socket.gethostname()):
             self._unsupported(
                 "sync_tensorboard",
@@ -618,10 +618,10 @@ class Run:
         warn_once(
             name,
             f"{why or f'run.{name}() does not go through the funnel yet'}; the call was "
-            f"ignored and is counted in the run's summary as funnel/unsupported_calls "
+            f"ignored and is counted in the run's summary as _funnel/unsupported_calls "
             f"(shown once)",
         )
-        self._count("funnel/unsupported_calls")
+        self._count("_funnel/unsupported_calls")
 
     def _finished_error(self, call: str) -> Exception:
         """What a call on a finished run raises (an installed run raises wandb's own)."""

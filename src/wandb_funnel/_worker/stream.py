@@ -284,16 +284,26 @@ class Stream:
         timeout: float = FINAL_FLUSH_TIMEOUT,
         exit_code: int = 0,
         restart_by: float | None = None,
+        wait_saved: bool = True,
     ) -> None:
         """Send what is left and a goodbye, wait for the logger's receipt; all within
         ``timeout`` seconds (for a logger that died and is being replaced, until
         ``restart_by``, a ``time.monotonic()`` value; default ``RESTART_WAIT`` from now).
+        ``wait_saved=False``: not also until the records are on disk (the owner closing the
+        funnel: the run's finish comes next, and no logger would replace this one).
         Warns with numbers when anything may be missing from the run."""
         # A signal landing meanwhile waits for the goodbye (its handler may exit the process).
         with lifecycle.signals_held():
-            self._close(reason, timeout, exit_code, restart_by)
+            self._close(reason, timeout, exit_code, restart_by, wait_saved)
 
-    def _close(self, reason: str, timeout: float, exit_code: int, restart_by: float | None) -> None:
+    def _close(
+        self,
+        reason: str,
+        timeout: float,
+        exit_code: int,
+        restart_by: float | None,
+        wait_saved: bool = True,
+    ) -> None:
         started = time.monotonic()
         deadline = started + timeout
         if not self._lock.acquire(timeout=max(0.0, timeout)):
@@ -343,7 +353,7 @@ class Stream:
             )
             if received is None:
                 alive = self.logger_alive()  # no new logger came (past the restart bound)
-            if received is not None and self._replay:
+            if received is not None and self._replay and wait_saved:
                 # Received is not yet saved: a logger that dies before wandb-core flushed our
                 # last rows would lose them with us gone. A moment more (bounded) until the
                 # logger says they are on disk (if it dies meanwhile, until its successor

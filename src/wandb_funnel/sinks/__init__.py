@@ -213,6 +213,15 @@ def open_sink(
     return sink  # type: ignore[no-any-return]
 
 
+def warm_up() -> None:
+    """Import what the chosen sink needs to open a run (wandb: 0.5 s), ahead of its start
+    message: a logger started ahead of time (``_owner/prewarm.py``) does it while it waits."""
+    if chosen()[0] == WANDB:
+        from wandb_funnel.sinks.wandb.service import import_wandb
+
+        import_wandb()
+
+
 def shut_down_own_service(timeout: float, exit_code: int) -> bool:
     """In the logger: shut down the wandb-core it started (its runs are finished), waiting at
     most ``timeout`` seconds, so that wandb-core writes the end of every transaction log
@@ -239,8 +248,7 @@ def generate_run_id() -> str:
 class Backend:
     """What the owner needs of the chosen sink's side, before and after the run: a run id, the
     user's ``wandb.init`` settings and program as plain data for the logger (whatever the
-    sink: they are what the user handed to wandb), and the service (wandb-core), started
-    only where the sink is wandb."""
+    sink: they are what the user handed to wandb). wandb-core is the logger's own."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -260,24 +268,6 @@ class Backend:
         from wandb_funnel.sinks.wandb.settings import user_program
 
         return user_program(start_time)
-
-    def setup_service(self) -> bool:
-        """Start (or join) the sink's service in this process, before any process that logs
-        is started; True when this call started it. No service but wandb's."""
-        if self.kind != WANDB:
-            return False
-        from wandb_funnel.sinks.wandb.service import setup_service
-
-        return setup_service()
-
-    def teardown_service(self, timeout: float, exit_code: int | None = None) -> bool:
-        """Shut down the service this process started, waiting at most ``timeout`` seconds;
-        True when it is down."""
-        if self.kind != WANDB:
-            return True
-        from wandb_funnel.sinks.wandb.service import teardown_service
-
-        return teardown_service(timeout, exit_code)
 
 
 def backend() -> Backend:

@@ -657,12 +657,12 @@ def _account(
             "file": str(r.path.relative_to(directory)),
             "exit_code": r.exit_code,
             "history_rows": len(r.history),
-            "records": r.summary.get("funnel/records"),
-            "dropped_records": r.summary.get("funnel/dropped_records"),
+            "records": r.summary.get("_funnel/records"),
+            "dropped_records": r.summary.get("_funnel/dropped_records"),
         }
         for r in runs
     ]
-    it.dropped = sum(int(r.summary.get("funnel/dropped_records", 0)) for r in runs)
+    it.dropped = sum(int(r.summary.get("_funnel/dropped_records", 0)) for r in runs)
     if it.probe_used:
         it.logged = sum(r.count_cells(r"r\d+") for r in runs)
         it.lost = it.sent - it.logged - it.dropped
@@ -676,7 +676,7 @@ def _account(
         elif scenario.may_lose_if_killed and it.grace_killed:
             it.lost_reason = scenario.may_lose_if_killed
         else:
-            unaccounted = sum("funnel/records" not in r.summary for r in runs)
+            unaccounted = sum("_funnel/records" not in r.summary for r in runs)
             hint = (
                 f" ({unaccounted} run(s) without the funnel's accounting in the summary: the "
                 f"logger did not finish them)"

@@ -28,6 +28,7 @@ class WandbRun:
     path: pathlib.Path
     run_id: str = ""
     name: str = ""  # the display name
+    project: str = ""
     group: str = ""
     notes: str = ""
     tags: list[str] = field(default_factory=list)
@@ -99,6 +100,7 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
             run.run_id = body.get("run_id", "")
             run.group = body.get("run_group", "")
             run.name = body.get("display_name", "")  # each run record says the run whole
+            run.project = body.get("project", run.project)
             run.notes = body.get("notes", "")
             run.tags = list(body.get("tags", []))
             run.telemetry = body.get("telemetry", run.telemetry)

@@ -100,7 +100,7 @@ class WandbSink:
         self.user_step_key = False
         # What wandb's footer shows: the user's keys; none at all after without_footer().
         self._footer_keys: Callable[[str], bool] = lambda key: (
-            not (key.startswith("funnel/") or (key == step_key and not self.user_step_key))
+            not (key.startswith("_funnel/") or (key == step_key and not self.user_step_key))
         )
         _footer_of_the_users_keys(self.run, lambda key: not self._footer_keys(key))
 
@@ -252,7 +252,7 @@ def _record_imports(run: Any, imports: Any) -> None:
 
 def _footer_of_the_users_keys(run: Any, funnels: Callable[[str], bool]) -> None:
     """wandb's end-of-run footer ("Run history:", "Run summary:") shows the run's keys in
-    sorted order, at most 10 of each: the funnel's accounting (``funnel/*``, 16 keys) and its
+    sorted order, at most 10 of each: the funnel's accounting (``_funnel/*``, 16 keys) and its
     x-axis key (unless a rank logs that key itself) would lead it and push the user's own
     values out (``funnels`` says which keys are the funnel's). They stay in the run's
     summary; only the footer leaves them out, so it shows what plain wandb's shows (the

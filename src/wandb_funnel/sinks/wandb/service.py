@@ -1,21 +1,14 @@
-"""wandb-core, the service every process of a job attaches to: started by the owner before
-any process that logs, torn down by the owner when it exits (``sinks.Backend``)."""
+"""wandb-core, the logger's own service (the funnel's only one): imported ahead of time by a
+logger started early, torn down by the logger once its run is finished."""
 
 from __future__ import annotations
 
-import os
 import threading
 
 
-def setup_service() -> bool:
-    """Start (or join) wandb-core in this process, so that every process started after us,
-    the logger included, attaches to one service through ``WANDB_SERVICE``. True when this
-    call started it (no service was inherited)."""
-    import wandb
-
-    started = "WANDB_SERVICE" not in os.environ
-    wandb.setup()
-    return started
+def import_wandb() -> None:
+    """Import wandb now (0.5 s), ahead of its first use."""
+    import wandb  # noqa: F401
 
 
 def teardown_service(timeout: float, exit_code: int | None = None) -> bool:
