@@ -51,7 +51,7 @@ def init_late(args: argparse.Namespace) -> None:
     os.chdir(later)
     run = wandb.init(name="late", dir=".")  # the directory of the init, not of the import
     run.log({"x": 1})
-    logger_pid = run._info.logger_pid  # type: ignore[attr-defined]  (a funnel Run)
+    logger_pid = run._info.logger_pid  # type: ignore[attr-defined]
     run_dir = run.dir
     run.finish()
     report(warm_pid=warm, logger_pid=logger_pid, run_dir=run_dir, cwd=os.getcwd())
