@@ -42,11 +42,11 @@ def test_the_taken_points_are_read_from_the_note_of_the_logger_whose_segment_is_
     directory = str(tmp_path)
     continuity.write_json(directory, continuity.STATE_FILE, {"generation": 0})
     continuity.write_json(directory, continuity.TAKEN_FILE, {"generation": 0, "taken": {1: 7}})
-    assert continuity.resume(directory, 1, "global_step").taken == {1: 7}
-    assert continuity.resume(directory, 3, "global_step").taken == {1: 7}
-    assert continuity.resume(directory, 0, "global_step").taken == {}  # the first logger
+    assert continuity.resume(directory, 1).taken == {1: 7}
+    assert continuity.resume(directory, 3).taken == {1: 7}
+    assert continuity.resume(directory, 0).taken == {}  # the first logger
     continuity.write_json(directory, continuity.STATE_FILE, {"generation": 1})
-    assert continuity.resume(directory, 2, "global_step").taken == {}
+    assert continuity.resume(directory, 2).taken == {}
 
 
 def test_the_taken_note_is_rewritten_in_place_and_reads_back_whole(tmp_path: pathlib.Path) -> None:
@@ -58,12 +58,12 @@ def test_the_taken_note_is_rewritten_in_place_and_reads_back_whole(tmp_path: pat
     try:
         note.write({rank: 1_000_000 + rank for rank in range(50)})
         note.write({1: 5})
-        assert continuity.resume(str(tmp_path), 1, "global_step").taken == {1: 5}
+        assert continuity.resume(str(tmp_path), 1).taken == {1: 5}
     finally:
         note.close()
     path = tmp_path / continuity.TAKEN_FILE
     path.write_bytes(path.read_bytes()[:20])  # torn
-    assert continuity.resume(str(tmp_path), 1, "global_step").taken == {}
+    assert continuity.resume(str(tmp_path), 1).taken == {}
 
 
 def test_media_of_rows_handed_to_wandb_that_never_reached_the_file_are_not_counted_twice(
@@ -87,7 +87,7 @@ def test_media_of_rows_handed_to_wandb_that_never_reached_the_file_are_not_count
         "base": {"_funnel/media": 5, "_funnel/files": 1},
     }
     continuity.write_json(str(tmp_path), continuity.STATE_FILE, state)
-    before = continuity.resume(str(tmp_path), 1, "global_step")
+    before = continuity.resume(str(tmp_path), 1)
     assert before.base == {"_funnel/media": 3, "_funnel/files": 1}
     assert before.records == 4 + 2 and before.rows == 3
     assert before.steps_after_saved == frozenset({2})

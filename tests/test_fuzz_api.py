@@ -87,9 +87,9 @@ def test_public_api_raises_only_type_or_value_errors_and_keeps_working(
     assert run.summary["_funnel/junk_frames"] == 0
     assert run.summary["_funnel/rejected_peers"] == 0
     # Every accepted record's step has a row: at its _step, or, late, under the step key.
-    assert {step_of(row, info["step_key"]) for row in run.history} == set(info["ok_steps"])
-    assert [
-        (step_of(r, info["step_key"]), r["final_ok"]) for r in run.history if "final_ok" in r
-    ] == [(FINAL_STEP, 1)]
+    assert {step_of(row) for row in run.history} == set(info["ok_steps"])
+    assert [(step_of(r), r["final_ok"]) for r in run.history if "final_ok" in r] == [
+        (FINAL_STEP, 1)
+    ]
     assert run.summary["final_summary"] == 2
     assert run.config["final_config"] == 3

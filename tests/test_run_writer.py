@@ -175,7 +175,7 @@ def test_rows_go_at_their_own_step_and_a_late_one_at_the_next_free_step(capsys: 
     writer.order.add(0, 9, True, {"a": 3}, 0.0)
     writer.write(writer.order.pop_ready(3.0))
     assert sink.steps == [(3, False), (6, False), (6, True), (7, True), (9, True)]
-    assert sink.rows[3] == {"c": 5, "global_step": 5}
+    assert sink.rows[3] == {"c": 5, "global_step": 5, "_funnel/step": 5}
     assert "global_step" not in sink.rows[4]
     assert writer.rows == 4 and writer.late_records == 1 and writer.records == 5
     assert list(writer.recent_rows) == [1, 2, 1, 1]
@@ -199,3 +199,44 @@ def test_once_tensorboard_syncs_rows_follow_the_runs_own_steps() -> None:
     writer.write(writer.order.pop_all())
     assert sink.steps == [(None, False), (None, False)]
     assert writer.rows == 1 and writer.late_records == 0
+
+
+def test_one_late_row_among_dense_steps_counts_its_records_only() -> None:
+    """Steps 0, 1, 2, ... (the default counter): a late row takes the next step, so each
+    later row moves up one, keeping its step; only the late row's records are late."""
+    sink = RecordingSink()
+    writer = RunWriter(sink, Reorderer(0.0, 10**6), RowBuilder("auto", {}, "global_step"), "run")
+    for step in range(3):
+        writer.order.add(0, step, True, {"x": step}, 0.0)
+    writer.write(writer.order.pop_ready(1.0))
+    writer.order.add(1, 1, True, {"y": 1}, 0.0)  # a rank far behind: late
+    for step in range(3, 6):
+        writer.order.add(0, step, True, {"x": step}, 0.0)
+    writer.write(writer.order.pop_ready(2.0))
+    assert [s for s, _ in sink.steps] == [0, 1, 2, 3, 4, 5, 6]
+    assert [r.get("_funnel/step") for r in sink.rows] == [None, None, None, 1, 3, 4, 5]
+    assert writer.late_records == 1
+
+
+def test_a_row_wandb_refuses_takes_no_step() -> None:
+    sink = RecordingSink()
+    writer = RunWriter(sink, Reorderer(0.0, 10**6), RowBuilder("auto", {}, "global_step"), "run")
+    log = sink.log
+
+    refused: list[int | None] = []
+
+    def refuse_step_1(
+        row: dict[str, Any], staging: Staging | None, step: int | None, commit: bool
+    ) -> None:
+        if step == 1 and not refused:
+            refused.append(step)
+            raise ValueError("refused")
+        log(row, staging, step, commit)
+
+    sink.log = refuse_step_1  # type: ignore[method-assign]
+    writer.order.add(0, 1, False, {"x": 1}, 0.0)
+    writer.write(writer.order.pop_all())
+    writer.order.add(0, 1, True, {"x": 2}, 0.0)  # late: row 1 went nowhere, and is not open
+    writer.write(writer.order.pop_all())
+    assert sink.steps == [(1, True)] and writer.dropped == 1  # at its own step, as wandb
+    assert writer.steps.state() == (2, None) and writer.rows == 1

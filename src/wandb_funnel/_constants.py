@@ -32,6 +32,10 @@ ENV_RUN_INFO: Final = "_WANDB_FUNNEL_RUN_INFO"
 # Set (to JSON funnel options) by ``install()`` and ``wandb-funnel run``: every Python process
 # started with it installs the funnel into ``wandb`` at startup (``_bootstrap/sitecustomize``).
 ENV_INSTALL: Final = "_WANDB_FUNNEL_INSTALL"
+# A history row not at its own step (a late row: _logger/steps.py) carries that step here too
+# (a key wandb's UI hides): what a restarted logger reads as the row's step, whatever the
+# user's own rows hold under step_key.
+TRUE_STEP_KEY: Final = "_funnel/step"
 # In a logger started ahead of time (``_owner/prewarm.py``): import wandb before the start
 # message comes.
 ENV_WARM: Final = "_WANDB_FUNNEL_WARM"

@@ -147,7 +147,8 @@ class FunnelOptions:
             (histograms with the same bins: counts added); a dict of key or glob to reducer,
             or one reducer for every key.
             Keys without one are averaged.
-        step_key: the x-axis key every row carries (declared with ``define_metric``).
+        step_key: where a row that cannot take its own ``_step`` (a late row) keeps its
+            step; rows at their own step carry nothing of the funnel's.
         close_timeout: seconds that closing may take in all, whatever wandb does.
         start_timeout: seconds to wait for the logger to open the run.
         reorder_window: seconds a row may wait for a straggling rank.

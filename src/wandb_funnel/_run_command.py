@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="[KEY=]REDUCER",
         help=f"a reducer ({', '.join(REDUCERS)}) for every key, or for one key or glob; repeatable",
     )
-    run.add_argument("--step-key", help="the x-axis key every row carries (global_step)")
+    run.add_argument("--step-key", help="where a late row keeps its own step (global_step)")
     run.add_argument("--close-timeout", metavar="SECONDS", help="the most closing may take")
     run.add_argument("--start-timeout", metavar="SECONDS", help="the most opening may take")
     run.add_argument(

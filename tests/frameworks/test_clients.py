@@ -142,3 +142,31 @@ def test_lightning_funnel_logger_brings_every_rank(
     assert steps == [row["trainer/global_step"] for row in plain.history]
     assert all(type(s) is int for s in steps)  # kept as logged, not averaged into floats
     assert funnel.config["lr"] == plain.config["lr"] == 0.05
+
+
+def test_lightning_ddp_spawn_says_nothing_of_the_funnels_own(
+    scripts: Scripts, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``strategy="ddp_spawn"``: each spawned rank's ``WandbLogger`` re-inits the run the
+    main process made, with ``id=`` and ``resume="allow"``: a normal framework path, so no
+    warning (issue 34: a FunnelWarning pointing into ``_api.py`` appeared twice); the run is
+    plain wandb's."""
+    argv = [sys.executable, str(PROGRAMS / "client_lightning.py"), "{out}", "ddp_spawn"]
+    plain_scripts = Scripts(tmp_path_factory.mktemp("plain-spawn"))
+
+    def job(where: Scripts, prefix: list[str]) -> Any:
+        command = [*prefix, *(str(where.tmp_path) if a == "{out}" else a for a in argv)]
+        proc = where.run_command(command, {}, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        (run,) = find_runs(where.wandb_dir)
+        return proc, run
+
+    (_, plain), (f_proc, funnel) = side_by_side(
+        lambda: job(plain_scripts, []), lambda: job(scripts, FUNNEL_RUN)
+    )
+    assert funnel.summary.get("_funnel/records", 0) > 0
+    _compare(plain, funnel, "pl-run")
+    ours = [line for line in f_proc.stderr.splitlines() if "wandb-funnel" in line]
+    assert ours == [], ours
+    assert "FunnelWarning" not in f_proc.stderr
+    assert not leftover_processes(scripts.mark), leftover_processes(scripts.mark)

@@ -263,29 +263,21 @@ def test_a_rank0_script_online_is_plain_wandbs_run_on_the_server(
     assert [s for s, r in enumerate(p_rows) if "val/loss" in r] == EVAL_STEPS
     last = p_rows[-1]
     assert last["samples"]["_type"] == "image-file" and last["weights"]["_type"] == "histogram"
-    # The step, by design: the user's step (plain's _step: the step= passed, or wandb's
-    # count) is the funnel's step key in every row; the funnel logs its rows without step=,
-    # so its _step counts rows. Without step= the two are the same; with step= the funnel's
-    # _step (the Table view's Step, the media panels' step slider) and the media files' names
-    # are row numbers, where plain's are the user's step.
+    # The step: the user's (the step= passed, or wandb's count) is _step in both runs (issue
+    # 34: the funnel's _step counted rows, the user's step under its global_step key).
     users_steps = [stride * s for s in range(STEPS)] if stride else list(range(STEPS))
-    assert plain.run.steps == users_steps
-    assert [r[STEP_KEY] for r in f_rows] == users_steps
-    assert funnel.run.steps == list(range(STEPS))
-    assert not any(STEP_KEY in r for r in p_rows)
+    assert plain.run.steps == funnel.run.steps == users_steps
+    assert not any(STEP_KEY in r for r in p_rows + f_rows)
     f_last = f_rows[-1]
-    assert last["samples"]["path"].startswith(f"media/images/samples_{users_steps[-1]}_")
-    assert f_last["samples"]["path"].startswith(f"media/images/samples_{STEPS - 1}_")
+    assert last["samples"]["path"].startswith("media/images/samples_")
+    assert f_last["samples"]["path"].startswith("media/images/samples_")
     for job in (plain, funnel):
         assert_clocks_in_order(job.run)
-    # The chart's x-axis: the user's define_metric("val/loss", summary="min") in both; the
-    # funnel adds its step key and charts every key against it ("*" -> global_step), plain
-    # wandb charts against _step: the same numbers, the user's step, either way.
+    # The chart's x-axis: the user's define_metric("val/loss", summary="min") in both, and
+    # nothing of the funnel's (it declared "*" -> global_step before issue 34).
     p_metrics, f_metrics = plain.metrics, funnel.metrics
-    assert p_metrics["val/loss"] == f_metrics["val/loss"]
+    assert p_metrics == f_metrics
     assert set(p_metrics) == {"val/loss"}
-    assert set(f_metrics) == {"val/loss", STEP_KEY, "*"}
-    assert f_metrics["*"]["step_metric"] == STEP_KEY
 
     # Summary, as the filestream left it (scalars only) and as uploaded (wandb-summary.json:
     # media, the histogram and val/loss's {"min": ...} too): the user's keys and values.
@@ -294,14 +286,15 @@ def test_a_rank0_script_online_is_plain_wandbs_run_on_the_server(
     p_file, f_file = plain.run.summary_file, funnel.run.summary_file
     assert p_file is not None and f_file is not None
     assert view(f_file) == view(p_file)
-    assert (p_file["_step"], f_file["_step"]) == (users_steps[-1], STEPS - 1)
+    assert p_file["_step"] == f_file["_step"] == users_steps[-1]
     assert p_file["val/loss"] == {"min": plain.run.summary["best_val"]}
     assert (p_file["samples"], f_file["samples"]) == (last["samples"], f_last["samples"])
     # By design: the funnel's accounting and step key; only rank 0 ever attached (rank 1
     # never calls wandb), every record written, none dropped or late.
     assert funnels(plain.run.summary) == set()
-    extra = funnel.run.summary
-    assert extra[STEP_KEY] == users_steps[-1]
+    # (in the uploaded summary: the server's summary table holds no key that starts with "_")
+    extra = f_file
+    assert STEP_KEY not in extra
     assert extra["_funnel/ranks"] == 1 and extra["_funnel/rows"] == STEPS
     assert extra["_funnel/records"] == STEPS + len(EVAL_STEPS)  # the commit=False logs
     assert extra["_funnel/dropped_records"] == extra["_funnel/late_records"] == 0
@@ -387,15 +380,14 @@ def test_hf_trainer_online_through_the_funnel_is_plain_wandbs_run(
     assert [set(users(r)) for r in f_rows] == [set(users(r)) for r in p_rows]
     assert [_deterministic(r) for r in f_rows] == [_deterministic(r) for r in p_rows]
     assert plain.run.steps == funnel.run.steps == list(range(HF_ROWS))
-    assert [r[STEP_KEY] for r in f_rows] == list(range(HF_ROWS))  # by design, as above
+    assert not any(STEP_KEY in r for r in f_rows)  # nothing of the funnel's in the rows
     for job in (plain, funnel):
         assert_clocks_in_order(job.run)
-    # The step axis: HF's define_metric("*", step_metric="train/global_step") is the last
-    # word on "*" in both runs, so the funnel's run charts against HF's step as plain's
-    # does; the funnel's own step key is defined beside it.
+    # The step axis: HF's define_metric("*", step_metric="train/global_step"), and nothing
+    # of the funnel's beside it.
     p_metrics, f_metrics = plain.metrics, funnel.metrics
     assert p_metrics["*"]["step_metric"] == f_metrics["*"]["step_metric"] == "train/global_step"
-    assert set(f_metrics) == {*p_metrics, STEP_KEY}
+    assert set(f_metrics) == set(p_metrics)
 
     # Config: the Trainer's arguments and the model's config, every key and value.
     assert funnel.run.config == plain.run.config
@@ -414,11 +406,12 @@ def test_hf_trainer_online_through_the_funnel_is_plain_wandbs_run(
         assert _deterministic(theirs) == _deterministic(mine), summary
     assert plain.run.summary["train/global_step"] == 12
     assert {"train_loss", "train_runtime", "total_flos"} <= set(plain.run.summary)
-    # By design: the funnel's accounting, and its step key, which counts rows (8) beside
-    # HF's train/global_step (12). One rank attached: HF calls wandb on rank 0 only.
-    extra = funnel.run.summary
-    assert funnels(plain.run.summary) == set()
-    assert extra[STEP_KEY] == HF_ROWS - 1 != extra["train/global_step"]
+    # By design: the funnel's accounting (in the uploaded summary: the server's summary
+    # table holds no key that starts with "_"). One rank attached: HF calls wandb on rank 0.
+    extra = funnel.run.summary_file
+    assert extra is not None
+    assert funnels(plain.run.summary) == set() == funnels(funnel.run.summary)
+    assert STEP_KEY not in extra
     assert extra["_funnel/ranks"] == 1 and extra["_funnel/rows"] == HF_ROWS
     assert extra["_funnel/dropped_records"] == extra["_funnel/late_records"] == 0
 

@@ -3,6 +3,9 @@ under Lightning's own launcher (it starts the second process itself, with ``LOCA
 ``NODE_RANK`` and ``WORLD_SIZE`` but no ``RANK``). ``save_hyperparameters()``, ``self.log``
 of a train and a validation metric.
 ``CLIENT_FUNNEL_LOGGER=1`` swaps ``WandbLogger`` for ``wandb_funnel``'s ``FunnelLogger``.
+A second argument names another strategy (``ddp_spawn``: Lightning spawns both ranks from
+the main process, and each rank's ``WandbLogger`` calls ``wandb.init(id=..., resume="allow")``
+for the run the main process made).
 
 Plain Lightning code. ``CLIENT_INSTALL=1`` adds the one line a user adds: ``install()``.
 """
@@ -61,7 +64,7 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy="ddp",
+        strategy=sys.argv[2] if len(sys.argv) > 2 else "ddp",
         max_epochs=2,
         logger=logger,
         log_every_n_steps=2,

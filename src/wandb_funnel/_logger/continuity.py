@@ -160,7 +160,7 @@ def _wait_until_final(segment: dict[str, Any]) -> None:
         time.sleep(0.05)
 
 
-def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
+def resume(ipc_dir: str | None, generation: int) -> Continuation:
     """What the dead logger (generation ``generation - 1``) left, read now."""
     if not ipc_dir or generation == 0:
         return Continuation.empty()
@@ -183,7 +183,7 @@ def resume(ipc_dir: str | None, generation: int, step_key: str) -> Continuation:
     if isinstance(current, dict):
         _wait_until_final(current)
         unsaved_from = int(state.get("segment_unsaved_from") or 0)
-        rows, after, next_step = steps_after(current, step_key, unsaved_from)
+        rows, after, next_step = steps_after(current, unsaved_from)
         steps = frozenset(s for s in after if isinstance(s, (int, float, str)))
         segments.append({"segment": current, "rows": rows, "next_step": next_step})
         recent = [int(n) for n in state.get("recent_rows") or []]

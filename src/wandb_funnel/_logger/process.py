@@ -170,6 +170,8 @@ class Logger:
             options.step_key,
         )
         writer.saves = SaveTracker(self._before.saved if name == self._run_id else None)
+        if sink is not None:  # a resumed run's rows start past its last one
+            writer.steps.next_step = sink.starting_step
         return writer
 
     def _writer_for(self, rank: int) -> RunWriter:
@@ -250,7 +252,7 @@ class Logger:
             writer.update(UpdateKind.RUN, dict(data.run))
         before = self._before
         # The run's _step goes on past the dead logger's last row: a row below it is late.
-        writer.steps.next_step = before.next_step
+        writer.steps.next_step = max(writer.steps.next_step, before.next_step)
         line = (
             f"wandb-funnel: the logger was restarted (restart {before.generation}); the run "
             f"continues in a new segment; {before.rows} rows are in the earlier ones\n"
@@ -849,10 +851,8 @@ class Logger:
         if None in self._writers:
             self._writers[None].earlier = self._earlier_segments()
         for key, writer in self._writers.items():
-            if not self._receiver.footer:  # the program never called finish(): none printed
-                quiet = getattr(writer.sink, "without_footer", None)
-                if quiet is not None:
-                    quiet()
+            if not self._receiver.footer and writer.sink is not None:
+                writer.sink.without_footer()  # the program never called finish(): none
             # run_mode="new": a rank still unfinished at close did not finish in time.
             unfinished = key is not None and key in self._active
             code = owner_code or EXIT_RANK_DIED if unfinished else exit_code
@@ -968,10 +968,13 @@ def main() -> int:
         os.environ.clear()
         os.environ.update(start.env)
     if start.cwd is not None:
-        os.chdir(start.cwd)
+        try:
+            os.chdir(start.cwd)
+        except OSError as exc:  # gone meanwhile: the directory it started in will do
+            log_to_stderr(f"could not change to the owner's directory {start.cwd!r}: {exc}")
     ready_fd = start.ready_fd
     # A restart: what the dead logger left (its segment's tail read once it is final).
-    before = continuity.resume(start.ipc_dir, start.generation, start.options.step_key)
+    before = continuity.resume(start.ipc_dir, start.generation)
     # wandb-core of its own (not the owner's): the run outlives the owner's death, and a
     # core that dies with this logger is replaced with it.
     os.environ.pop("WANDB_SERVICE", None)

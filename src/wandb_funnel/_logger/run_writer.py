@@ -19,7 +19,7 @@ from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.saving import SaveTracker
-from wandb_funnel._logger.steps import StepPlacer
+from wandb_funnel._logger.steps import TRUE_STEP_KEY, StepPlacer
 from wandb_funnel._protocol.messages import UpdateKind
 from wandb_funnel.sinks import Sink
 
@@ -50,7 +50,7 @@ class RunWriter:
         self.late_records = 0  # records not written at their own step (a late row)
         self._late_said = False
         self.records = 0  # records written into the run
-        self.rows = 0  # wandb.log calls made: one per step, however many ranks logged it
+        self.rows = 0  # history rows made: one per step, however many ranks logged it
         self.dropped = 0  # records that reached the logger but not the run
         # How far finish() got: what a close cut short by a stalled wandb can truthfully say.
         self.summary_sent = False  # the accounting reached wandb (its transaction log)
@@ -89,11 +89,17 @@ class RunWriter:
             try:
                 # The sink makes the row's media refs into what it writes (sinks.refs).
                 out = self._builder.build(row)
+                before = self.steps.state()
                 at = self.steps.place(row.step, row.committed)
-                if at.late:
+                if at.late:  # not at its own step: it keeps it, for the user and a restart
                     self._late(row, at.step)
                     out.setdefault(self.step_key, row.step)
-                self.sink.log(out, self.media if with_media else None, at.step, at.commit)
+                    out[TRUE_STEP_KEY] = row.step
+                try:
+                    self.sink.log(out, self.media if with_media else None, at.step, at.commit)
+                except Exception:
+                    self.steps.restore(before)  # wandb took no row: the axis is as it was
+                    raise
                 self.records += row.records
                 if at.new_row:
                     self.rows += 1
@@ -119,8 +125,11 @@ class RunWriter:
                     self.media.discard(parts)  # what wandb did not move into the run
 
     def _late(self, row: Row, at: int | None) -> None:
-        """A row below a step already written: counted, and said once with its cause."""
-        self.late_records += row.records
+        """A row that cannot take its step: its records are counted when they came after
+        their step was written (``row.late``; the rows after one, whose steps it took, are
+        moved, not late), and it is said once, with its cause."""
+        if row.late:
+            self.late_records += row.records
         if self._late_said:
             return
         self._late_said = True
@@ -128,8 +137,9 @@ class RunWriter:
             f"{self.name}: records for step {row.step} (rank {min(row.parts, default=0)}) came "
             f"after a later step was written; wandb takes no step below its current one, so "
             f"they are written at _step {at} with their own step under {self.step_key!r}, and "
-            f"counted as _funnel/late_records (said once). A rank that lags the others by more "
-            f"than reorder_window seconds does this: raise reorder_window "
+            f"counted as _funnel/late_records; rows after them whose _step is taken move up "
+            f"one, keeping their step there too (said once). A rank that lags the others by "
+            f"more than reorder_window seconds does this: raise reorder_window "
             f"(WANDB_FUNNEL_REORDER_WINDOW) to keep every row at its step"
         )
 

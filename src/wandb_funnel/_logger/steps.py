@@ -25,6 +25,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from wandb_funnel._constants import TRUE_STEP_KEY
+
+__all__ = ["TRUE_STEP_KEY", "Placement", "StepPlacer"]
+
 
 class Placement(NamedTuple):
     """What the sink writes for one row: at ``step`` (None: the run's next step, as a
@@ -64,6 +68,13 @@ class StepPlacer:
         self.next_step = at + 1
         self.open_step = None
         return Placement(at, True, True, True)
+
+    def state(self) -> tuple[int, int | None]:
+        """What ``restore`` puts back (a row wandb refused took no step)."""
+        return self.next_step, self.open_step
+
+    def restore(self, state: tuple[int, int | None]) -> None:
+        self.next_step, self.open_step = state
 
     def tensorboard(self) -> None:
         """A rank syncs tensorboard into the run: steps are wandb-core's from now on."""

@@ -217,26 +217,16 @@ class Funnel:
         self._address, self._ipc_dir = private_ipc_endpoint()
         # Media files are staged here by name (_worker/media.py); it goes with the directory.
         os.mkdir(os.path.join(self._ipc_dir, MEDIA_DIR), 0o700)
+        program = self._sink.program(started)
         warm = prewarm.take()  # a logger started ahead of time, already past its imports
-        ready_r, ready_w = (warm.ready_r, warm.ready_w) if warm else os.pipe()
-        start = LoggerStart(
-            address=self._address,
-            ipc_dir=self._ipc_dir,
-            token=self._token,
-            owner_pid=os.getpid(),
-            ready_fd=ready_w,
-            options=self.options,
-            topology=self.topology,
-            init_kwargs=self._init_kwargs,
-            curve=self._curve,
-            program=self._sink.program(started),
-            env=logger_env() if warm else None,
-            cwd=os.getcwd() if warm else None,
-        )
         try:
-            self._logger, ready = LoggerProcess.spawn(
-                start, ready_r, self.options.start_timeout, proc=warm.proc if warm else None
-            )
+            try:
+                start, self._logger, ready = self._spawn_logger(program, warm)
+            except BrokenPipeError:
+                if warm is None:
+                    raise
+                # It died before its start message (killed meanwhile): a logger of now.
+                start, self._logger, ready = self._spawn_logger(program, None)
         except BaseException:
             remove_ipc_dir(self._ipc_dir)
             raise
@@ -258,6 +248,33 @@ class Funnel:
         lifecycle.add_shutdown_callback(self._close_on_exit, priority=10)
         _current.adopt(self._run)
         return self
+
+    def _spawn_logger(
+        self, program: dict[str, Any], warm: prewarm.Warm | None
+    ) -> tuple[LoggerStart, LoggerProcess, dict[str, Any]]:
+        """Start the logger (or hand ``warm``, one started ahead of time, its start message:
+        with this process's environment and directory of now) and wait until the run is
+        open; the start message, the logger and its ready line."""
+        assert self._address is not None
+        ready_r, ready_w = (warm.ready_r, warm.ready_w) if warm else os.pipe()
+        start = LoggerStart(
+            address=self._address,
+            ipc_dir=self._ipc_dir,
+            token=self._token,
+            owner_pid=os.getpid(),
+            ready_fd=ready_w,
+            options=self.options,
+            topology=self.topology,
+            init_kwargs=self._init_kwargs,
+            curve=self._curve,
+            program=program,
+            env=logger_env() if warm else None,
+            cwd=os.getcwd() if warm else None,
+        )
+        logger, ready = LoggerProcess.spawn(
+            start, ready_r, self.options.start_timeout, proc=warm.proc if warm else None
+        )
+        return start, logger, ready
 
     def _logger_restarted(self, logger: LoggerProcess) -> None:
         """On the supervisor's thread: processes started from now on find the new logger."""

@@ -20,6 +20,7 @@ import atexit
 import multiprocessing
 import os
 import subprocess
+import sys
 from typing import NamedTuple
 
 from wandb_funnel._constants import ENV_ADDRESS, ENV_PREWARM, ENV_SINK
@@ -45,8 +46,19 @@ def wanted() -> bool:
         and not env.get(ENV_SINK)
         and env.get("WANDB_MODE") != "disabled"
         and ENV_ADDRESS not in env
-        and multiprocessing.parent_process() is None
+        and not _a_multiprocessing_child()
         and detect() is None
+    )
+
+
+def _a_multiprocessing_child() -> bool:
+    """A child of multiprocessing, also while a spawn child still imports its parent's main
+    module (``parent_process()`` is set only after that), and the forkserver: each is started
+    as ``python -c`` (a one-liner of the user's is skipped too: it is no script to wait for)."""
+    return (
+        multiprocessing.parent_process() is not None
+        or "__mp_main__" in sys.modules
+        or sys.argv[:1] == ["-c"]
     )
 
 

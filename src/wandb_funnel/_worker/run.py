@@ -557,9 +557,8 @@ class Run:
     ) -> None:
         """``wandb.Run.define_metric``, applied to the run by the logger.
 
-        The funnel's own x-axis (``step_key``) stays defined; a user's step metric
-        (``define_metric("train/*", step_metric="train/global_step")``) charts its keys
-        against the user's step, while rows keep the funnel's order.
+        A user's step metric (``define_metric("train/*", step_metric="train/global_step")``)
+        charts its keys against the user's step, as in wandb; the funnel declares none.
         """
         if not isinstance(name, str) or not name:
             raise TypeError(

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from wandb_funnel._constants import ENV_SINK, SINK_RECORD_PREFIX
+from wandb_funnel._constants import ENV_SINK, SINK_RECORD_PREFIX, TRUE_STEP_KEY
 
 WANDB, NULL, RECORD = "wandb", "null", "record"
 _ID_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -43,6 +43,9 @@ class Sink(Protocol):
     raises: the writer counts and reports it (an ``OSError``: the destination is gone)."""
 
     run_id: str
+    # The lowest step a row can take: a resumed run's (wandb's ``starting_step``: it drops
+    # ``log(step=S)`` below it), else 0.
+    starting_step: int
     # The process whose system metrics the destination samples itself (wandb-core's
     # ``x_stats_pid``), None where nothing does: that rank's own figures are not repeated.
     stats_pid: int | None
@@ -85,6 +88,10 @@ class Sink(Protocol):
         """A rank logged the step key itself: it is the user's key from now on (wandb's
         end-of-run footer shows it, as it shows the user's other keys)."""
 
+    def without_footer(self) -> None:
+        """No end-of-run footer ("Run history:"): the program never called ``finish()``
+        (its exit hook closes the run), as plain wandb's exit hook prints none."""
+
     def info(self) -> dict[str, Any]:
         """What ``wandb.run`` tells about itself (name, project, dir, url, ...): plain data."""
 
@@ -106,10 +113,10 @@ class Sink(Protocol):
         the keys set; the values already checked as wandb checks them)."""
 
 
-def steps_after(segment: dict[str, Any], step_key: str, skip: int) -> tuple[int, list[Any], int]:
+def steps_after(segment: dict[str, Any], skip: int) -> tuple[int, list[Any], int]:
     """What a dead logger's run left on disk: (how many rows, the step of each row after the
     first ``skip``, the step after its last row). A row's step is its ``_step``, or, for a
-    late row (written at the next free step), the step it keeps under ``step_key``.
+    late row (written at the next free step), the step it keeps under ``TRUE_STEP_KEY``.
     ``segment`` is that sink's ``Sink.segment()``."""
     path = str(segment.get("path") or "")
     if segment.get("kind") == RECORD:
@@ -119,13 +126,13 @@ def steps_after(segment: dict[str, Any], step_key: str, skip: int) -> tuple[int,
         last = rows[-1].get("_step") if rows else None
         return (
             len(rows),
-            [row.get(step_key, row.get("_step")) for row in rows[skip:]],
+            [row.get(TRUE_STEP_KEY, row.get("_step")) for row in rows[skip:]],
             last + 1 if type(last) is int else 0,
         )
     if segment.get("kind") == WANDB and path:
         from wandb_funnel.sinks.wandb.txlog import Tail, history_steps
 
-        steps, next_step = history_steps(path, step_key, skip)
+        steps, next_step = history_steps(path, skip)
         return Tail(path).history_rows(), steps, next_step
     return 0, [], 0
 

@@ -23,6 +23,7 @@ def _count(what: str, desc: dict[str, Any], walk: Walk) -> Any:
 
 class NullSink:
     stats_pid: int | None = None
+    starting_step = 0
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
@@ -67,6 +68,9 @@ class NullSink:
         pass
 
     def users_step_key(self) -> None:
+        pass
+
+    def without_footer(self) -> None:
         pass
 
     def info(self) -> dict[str, Any]:

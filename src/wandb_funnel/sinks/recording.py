@@ -106,6 +106,7 @@ class RecordingSink:
     """One run's calls as JSON lines; called from the logger's main thread only."""
 
     stats_pid: int | None = None  # nothing samples a process here
+    starting_step = 0
 
     def __init__(self, directory: str, init_kwargs: dict[str, Any], segment: int = 0) -> None:
         self.run_id: str = init_kwargs["id"]
@@ -191,6 +192,9 @@ class RecordingSink:
         self._write("tensorboard", {"log_dir": log_dir, "root_dir": root_dir})
 
     def users_step_key(self) -> None:
+        pass
+
+    def without_footer(self) -> None:
         pass
 
     def info(self) -> dict[str, Any]:

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from wandb_funnel._constants import TRUE_STEP_KEY
+
 
 @dataclass
 class WandbRun:
@@ -63,10 +65,11 @@ class WandbRun:
         return [(row[step_key], row[key]) for row in self.history if key in row]
 
 
-def step_of(row: dict[str, Any], step_key: str = "global_step") -> Any:
+def step_of(row: dict[str, Any]) -> Any:
     """A funnel row's own step: its ``_step``, or, for a late row (written at the next free
-    step: wandb takes no step below its current one), the step it keeps under ``step_key``."""
-    return row[step_key] if step_key in row else row["_step"]
+    step: wandb takes no step below its current one), the step it keeps under
+    ``TRUE_STEP_KEY``."""
+    return row[TRUE_STEP_KEY] if TRUE_STEP_KEY in row else row["_step"]
 
 
 def _wandb_cli() -> list[str]:

@@ -91,6 +91,9 @@ class WandbSink:
         with _started_at((program or {}).get("start_time")):
             self.run: wandb.Run = init(settings=wandb.Settings(**settings), **kwargs)
         self.run_id: str = self.run.id
+        # A resumed run (online: the server's) starts at its last step + 1; wandb drops a
+        # log(step=S) below it, so no row is placed there (_logger/steps.py).
+        self.starting_step = int(getattr(self.run, "starting_step", 0) or 0)
         # What wandb-core has flushed to the run's transaction log (``saved_rows``).
         self._tail = Tail(log_path(self.run.dir, self.run.id))
         # No define_metric of the funnel's: rows are at their own _step (_logger/steps.py), so
@@ -252,11 +255,11 @@ def _record_imports(run: Any, imports: Any) -> None:
 
 def _footer_of_the_users_keys(run: Any, funnels: Callable[[str], bool]) -> None:
     """wandb's end-of-run footer ("Run history:", "Run summary:") shows the run's keys in
-    sorted order, at most 10 of each: the funnel's accounting (``_funnel/*``, 16 keys) and its
-    x-axis key (unless a rank logs that key itself) would lead it and push the user's own
-    values out (``funnels`` says which keys are the funnel's). They stay in the run's
-    summary; only the footer leaves them out, so it shows what plain wandb's shows (the
-    logger reports any drop on the terminal itself). wandb prints the footer from
+    sorted order, at most 10 of each: the funnel's step key on late rows (unless a rank logs
+    that key itself) would push the user's own values out (``funnels`` says which keys are
+    the funnel's; wandb leaves out ``_funnel/*`` itself, as every key that starts with "_").
+    They stay in the run's summary; only the footer leaves them out, so it shows what plain
+    wandb's shows (the logger reports any drop on the terminal itself). wandb prints the footer from
     ``_final_summary`` and ``_sampled_history``, which ``_on_finish`` fetches for it alone."""
     on_finish = getattr(run, "_on_finish", None)
     if on_finish is None:

@@ -12,9 +12,12 @@ from the wire format without decoding the record.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from typing import Any, Final
+
+from wandb_funnel._constants import TRUE_STEP_KEY
 
 _HEADER: Final = 7
 _BLOCK: Final = 32 * 1024
@@ -134,14 +137,12 @@ class Tail:
             self.history += 1
 
 
-def history_steps(path: str, step_key: str, skip: int) -> tuple[list[Any], int]:
+def history_steps(path: str, skip: int) -> tuple[list[Any], int]:
     """The step of each history row of a transaction log after its first ``skip`` rows (a
-    restarted logger's look at what the dead one left): its ``step_key`` where it has one (a
-    late row, written at the next free step, keeps its own there), else its ``_step``; and
-    the step after its last row (0 for none). Needs wandb's protobuf classes: only a restart
-    pays for the import."""
-    import json
-
+    restarted logger's look at what the dead one left): its ``TRUE_STEP_KEY`` where it has
+    one (a late row, written at the next free step), else its ``_step``; and the step after
+    its last row (0 for none). Needs wandb's protobuf classes: only a restart pays for the
+    import."""
     from wandb.proto import wandb_internal_pb2
 
     def history(payload: bytes) -> Any:
@@ -150,7 +151,7 @@ def history_steps(path: str, step_key: str, skip: int) -> tuple[list[Any], int]:
     def step_of(payload: bytes) -> Any:
         row = history(payload)
         for item in row.item:
-            if (item.key or "/".join(item.nested_key)) == step_key:
+            if (item.key or "/".join(item.nested_key)) == TRUE_STEP_KEY:
                 try:
                     return json.loads(item.value_json)
                 except ValueError:
