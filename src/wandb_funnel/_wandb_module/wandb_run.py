@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wandb_funnel._protocol import codec
-from wandb_funnel._worker import media
+from wandb_funnel._worker import console, media
 from wandb_funnel._worker.run import Run, warn_once
 
 # Telemetry and display helpers that libraries call as a matter of course: no warning.
@@ -71,7 +71,8 @@ class InstalledRunMixin(Run):
         """wandb's own warning for tags it does not take, printed as wandb prints it."""
         import wandb
 
-        wandb.termwarn(f"Invalid tag detected: {why} Tags not updated.")
+        with console.uncaptured():  # as plain wandb's: on the terminal, not in the Logs
+            wandb.termwarn(f"Invalid tag detected: {why} Tags not updated.")
 
     def _log(
         self, data: dict[str, Any], step: int | None = None, commit: bool | None = None, **_: Any

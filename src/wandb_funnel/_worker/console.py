@@ -74,7 +74,8 @@ def _patch(target: Any, fd: int) -> None:
 
     def tee(text: Any, /) -> Any:
         written = write(text)
-        if _carrier is not None:  # nothing to copy to before init, after finish, in a fork
+        if _carrier is not None and not getattr(_here, "quiet", False):
+            # (nothing to copy to before init, after finish, in a fork; nor wandb's own lines)
             try:
                 _capture(fd, text)
             except Exception:  # the console copy must never be what breaks a print
@@ -86,6 +87,20 @@ def _patch(target: Any, fd: int) -> None:
         target.write = tee
     except (AttributeError, TypeError):
         pass  # a stream object that cannot take it: its output is not copied
+
+
+_here = threading.local()
+
+
+class uncaptured:  # noqa: N801  (used as a context manager, like contextlib's)
+    """Lines written meanwhile on this thread reach the terminal only, not the run: wandb's
+    own terminal lines, which its capture leaves out of the run's Logs as well."""
+
+    def __enter__(self) -> None:
+        _here.quiet = True
+
+    def __exit__(self, *exc: object) -> None:
+        _here.quiet = False
 
 
 def _capture(fd: int, text: Any) -> None:

@@ -21,6 +21,7 @@ import sys
 import warnings
 from typing import Any, NamedTuple
 
+from wandb_funnel._worker import console
 from wandb_funnel._worker.media import Encoding, Stager
 from wandb_funnel.errors import FunnelWarning
 
@@ -288,7 +289,8 @@ def say(notes: list[Note], wandb: Any) -> None:
     for note in notes:
         if wandb is not None:
             term = wandb.termlog if note.level == "log" else wandb.termwarn
-            term(note.text, repeat=note.repeat)
+            with console.uncaptured():  # as plain wandb's: on the terminal, not in the Logs
+                term(note.text, repeat=note.repeat)
         else:
             warnings.warn(f"wandb_funnel: {note.text}", FunnelWarning, stacklevel=3)
 
