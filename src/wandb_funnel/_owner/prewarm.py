@@ -57,7 +57,7 @@ def _a_multiprocessing_child() -> bool:
     as ``python -c`` (a one-liner of the user's is skipped too: it is no script to wait for)."""
     return (
         multiprocessing.parent_process() is not None
-        or "__mp_main__" in sys.modules
+        or bool(getattr(multiprocessing.current_process(), "_inheriting", False))
         or sys.argv[:1] == ["-c"]
     )
 
