@@ -58,11 +58,15 @@ class WandbRun:
         regex = re.compile(pattern)
         return sum(1 for row in self.history for key in row if regex.fullmatch(key))
 
-    def column(self, key: str, step_key: str = "_step") -> list[tuple[int, Any]]:
+    def column(self, key: str, step_key: str | None = None) -> list[tuple[int, Any]]:
         """(step, value) for every history row that has ``key``, in file order; the step is
-        the row's ``step_key`` (wandb's ``_step``: a funnel row's own step, unless it was
-        late, which keeps its step under the funnel's ``global_step``)."""
-        return [(row[step_key], row[key]) for row in self.history if key in row]
+        the row's own (``step_of``: its ``_step``, or a late row's kept step), or its
+        ``step_key`` when one is named (a user's own step key)."""
+        return [
+            (row[step_key] if step_key is not None else step_of(row), row[key])
+            for row in self.history
+            if key in row
+        ]
 
 
 def step_of(row: dict[str, Any]) -> Any:
