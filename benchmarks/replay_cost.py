@@ -3,7 +3,7 @@
     python benchmarks/replay_cost.py [--calls N] [--rounds R]
 
 A rank keeps every batch it sent until the logger says the rows are in wandb's transaction
-log (``Stream._keep_for_replay``, once per batch of up to 256 records; the logger's ``Saved``
+log (``ReplayBuffer.keep``, once per batch of up to 256 records; the logger's ``Saved``
 trims it). This runs ``run.log`` (3 scalars) in one process under a funnel whose logger writes
 to the null sink, alternating rounds with the buffer on and with it off (the batch is not
 kept: the funnel before issue 26), so the two are measured side by side on the same noisy
@@ -30,11 +30,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         os.environ.update(WANDB_DIR=scratch, WANDB_FUNNEL_SINK="null")
         import wandb_funnel as wf
-        from wandb_funnel._worker.stream import Stream
+        from wandb_funnel._worker.replay import ReplayBuffer
 
-        keep = Stream._keep_for_replay
+        keep = ReplayBuffer.keep
 
-        def off(self: Stream, first: int, count: int, frame: bytes) -> None:
+        def off(self: ReplayBuffer, first: int, count: int, frame: bytes) -> None:
             return None
 
         recs = [record(3, i) for i in range(1024)]
@@ -51,15 +51,15 @@ def main() -> None:
 
             for n in range(args.rounds):
                 for mode in ("on", "off") if n % 2 == 0 else ("off", "on"):
-                    Stream._keep_for_replay = keep if mode == "on" else off  # type: ignore[method-assign]
+                    ReplayBuffer.keep = keep if mode == "on" else off  # type: ignore[method-assign]
                     figures = cpu_per_call(call, args.calls, block=256, warmup=1000)
                     results[mode].append(figures["cpu_median_us"])
                     stream = run._stream
                     if mode == "on" and stream is not None:
-                        held.append(stream._replay_records)
-            Stream._keep_for_replay = keep  # type: ignore[method-assign]
+                        held.append(stream._replay.records)
+            ReplayBuffer.keep = keep  # type: ignore[method-assign]
         on, off_ = statistics.median(results["on"]), statistics.median(results["off"])
-        per_batch = _keep_cost(keep)
+        per_batch = _keep_cost()
         out = {
             "calls_per_round": args.calls,
             "rounds": args.rounds,
@@ -81,40 +81,30 @@ def main() -> None:
         print()
 
 
-def _keep_cost(keep: object) -> dict[str, float]:
-    """Microseconds per batch of ``Stream._keep_for_replay`` (and ``_forget_saved``) on a
-    bare object holding the buffer's state: no socket, no logger, no noise from either."""
+def _keep_cost() -> dict[str, float]:
+    """Microseconds per batch of ``ReplayBuffer.keep`` (and ``saved``) alone: no socket, no
+    logger, no noise from either."""
     import timeit
-    from collections import deque
 
-    from wandb_funnel._worker.stream import Stream
-
-    class Bare:
-        _keep_for_replay = keep
-        _forget_saved = Stream._forget_saved
-
-        def __init__(self) -> None:
-            self._replay: deque[tuple[int, int, bytes]] = deque()
-            self._replay_records = self._replay_bytes = self._saved = 0
-            self._replay_max = (65_536, 64 * 1024 * 1024)
+    from wandb_funnel._worker.replay import ReplayBuffer
 
     frame = b"x" * 256 * 40
-    full = Bare()
+    full = ReplayBuffer(65_536, 64 * 1024 * 1024)
     for n in range(300):
-        full._keep_for_replay(n * 256, 256, frame)  # type: ignore[operator]
+        full.keep(n * 256, 256, frame)
     seq = [300 * 256]
 
     def keep_full() -> None:
-        full._keep_for_replay(seq[0], 256, frame)  # type: ignore[operator]
+        full.keep(seq[0], 256, frame)
         seq[0] += 256
 
-    trimmed = Bare()
+    trimmed = ReplayBuffer(65_536, 64 * 1024 * 1024)
     seq2 = [0]
 
     def keep_and_forget() -> None:
-        trimmed._keep_for_replay(seq2[0], 256, frame)  # type: ignore[operator]
+        trimmed.keep(seq2[0], 256, frame)
         seq2[0] += 256
-        trimmed._forget_saved(seq2[0] - 256 * 4)  # Saved lags a few batches behind
+        trimmed.saved(seq2[0] - 256 * 4)  # Saved lags a few batches behind
 
     n = 200_000
     return {

@@ -219,7 +219,8 @@ def test_the_replay_buffer_is_bounded_and_forgets_the_oldest(
         identity, _ = _next(sock)
         for step in range(5 * BATCH_RECORDS):
             stream.push(_record(step))
-        assert stream._replay_records == 2 * BATCH_RECORDS
+        assert stream._replay.records == 2 * BATCH_RECORDS
+        assert stream._replay.forgotten == 3 * BATCH_RECORDS
         sock.reply(identity, codec.REHELLO_FRAME)
         deadline = time.monotonic() + 5
         while stream.replays == 0 and time.monotonic() < deadline:

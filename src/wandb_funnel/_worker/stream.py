@@ -1,5 +1,6 @@
-"""The worker side: a Stream is one rank's connection to the logger, plus this process's
-flusher thread and exit hooks.
+"""The worker side: a Stream is one rank's connection to the logger. Its parts: the replay
+buffer (``replay.py``), its close (``stream_close.py``), and this process's registry of
+streams, flusher thread and exit hooks (``flusher.py``, re-exported here).
 
 ``log()`` never waits for the logger. Records are packed at the call site and batched; a batch
 leaves when it is full, or within FLUSH_INTERVAL through the flusher thread, or at exit. When
@@ -12,12 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
-import warnings
-import weakref
-from collections import deque
 from typing import Any
 
 from wandb_funnel import _pid
@@ -26,27 +23,26 @@ from wandb_funnel._constants import (
     BATCH_RECORDS,
     DEFAULT_REPLAY_MAX_BYTES,
     DEFAULT_REPLAY_MAX_RECORDS,
-    EXIT_SIGINT,
-    EXIT_SIGTERM,
-    FINAL_FLUSH_TIMEOUT,
     FLUSH_INTERVAL,
     HEARTBEAT_INTERVAL,
-    RESTART_WAIT,
-    SAVED_WAIT,
     SEND_HWM,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Ack, Blob, Goodbye, Hello, Rehello, Saved, Welcome
-from wandb_funnel._protocol.sockets import STREAM_PREFIX, ClientSocket, term_process_context
-from wandb_funnel._worker import console, lifecycle, system
-from wandb_funnel.errors import ClientClosedError, FunnelWarning
+from wandb_funnel._protocol.messages import Blob, Hello, Rehello, Saved, Welcome
+from wandb_funnel._protocol.sockets import STREAM_PREFIX, ClientSocket
+from wandb_funnel._worker import console, flusher
+from wandb_funnel._worker.flusher import close_all, flush_all, open_streams
+from wandb_funnel._worker.replay import ReplayBuffer
+from wandb_funnel._worker.stream_close import StreamEnd, _warn
+from wandb_funnel.errors import ClientClosedError
+
+__all__ = ["Stream", "close_all", "flush_all", "open_streams"]  # the registry's, re-exported
 
 _HOSTNAME = socket.gethostname()
-_POKE_INTERVAL = 0.5  # seconds between heartbeats to a logger that may be restarting
 _RUN_INFO_ASK = 0.5  # seconds between Hellos that ask an opening run for its name and dir
 
 
-class Stream:
+class Stream(StreamEnd):
     """One rank's ordered channel to the logger. Thread-safe; owned by the process that made it."""
 
     def __init__(
@@ -80,16 +76,10 @@ class Stream:
         self._rank = requested_rank
         self._welcomed = False
         self.closed = False
-        # The replay buffer: batches sent and not yet saved by the logger, oldest first, as
-        # (first_seq, records, frame). After a logger restart they are sent again (the new
-        # logger skips what the run already has). Bounded: past the bound the oldest are
-        # forgotten, and a restart then counts them as dropped.
-        self._replay: deque[tuple[int, int, bytes]] = deque()
-        self._replay_records = 0
-        self._replay_bytes = 0
-        self._replay_max = (replay_records, replay_bytes)
+        # The batches sent and not yet saved by the logger: after a logger restart they are
+        # sent again (the new logger skips what the run already has). Bounded.
+        self._replay = ReplayBuffer(replay_records, replay_bytes)
         self._restarted = restarted  # the owner starts a new logger when this one dies
-        self._saved = 0  # the logger saved every record numbered below this
         self.replays = 0  # how many times this stream resent its buffer to a new logger
         self._goodbye: bytes | None = None  # sent: said again to a logger that restarted
         self._sock = ClientSocket(endpoint, self._identity, SEND_HWM, curve)
@@ -99,7 +89,7 @@ class Stream:
         self._hello = codec.encode_hello(self._hello_message)
         self.run_info: dict[str, Any] | None = None  # from a Welcome, once the run is open
         self._sock.try_send(self._hello)  # a fresh queue always has room
-        _register(self)
+        flusher.register(self)
 
     # -- the hot path ----------------------------------------------------------------------
     def push(self, packed: bytes) -> None:
@@ -151,7 +141,7 @@ class Stream:
             self._inflight = None
             if sent:
                 self._last_sent = time.monotonic()
-                self._keep_for_replay(parked[2], parked[1], parked[0])
+                self._replay.keep(parked[2], parked[1], parked[0])
             else:
                 self.dropped += parked[1]
                 if not self._warned_drop:
@@ -162,45 +152,17 @@ class Stream:
                     )
                 timeout = 0.0  # what is left is numbered and counted now, not waited for
 
-    def _keep_for_replay(self, first: int, count: int, frame: bytes) -> None:
-        """Hold a sent batch until the logger says it is saved (caller holds the lock): two
-        appends and a comparison, the cost ``log()`` pays for surviving a logger's death."""
-        if not count:
-            return
-        self._replay.append((first, count, frame))
-        self._replay_records += count
-        self._replay_bytes += len(frame)
-        max_records, max_bytes = self._replay_max
-        while self._replay and (
-            self._replay_records > max_records or self._replay_bytes > max_bytes
-        ):
-            _, old_count, old_frame = self._replay.popleft()
-            self._replay_records -= old_count
-            self._replay_bytes -= len(old_frame)
-
-    def _forget_saved(self, seq: int) -> None:
-        """The logger saved every record below ``seq``: drop those batches (lock held)."""
-        if seq <= self._saved:
-            return
-        self._saved = seq
-        replay = self._replay
-        while replay and replay[0][0] + replay[0][1] <= seq:
-            _, count, frame = replay.popleft()
-            self._replay_records -= count
-            self._replay_bytes -= len(frame)
-
     def _say_hello_again(self) -> None:
         """A restarted logger does not know us: say hello with the range we resend, then
         resend every batch it has not saved, then our goodbye if we said it (lock held).
         ZeroMQ keeps the order, so the new logger sees them in this order."""
-        first = self._replay[0][0] if self._replay else self._seq
-        if self._inflight is not None:
-            first = min(first, self._inflight[2])
-        hello = self._hello_message._replace(requested_rank=self._rank, resume=(first, self._seq))
+        inflight = self._inflight
+        resume = self._replay.resume(self._seq, None if inflight is None else inflight[2])
+        hello = self._hello_message._replace(requested_rank=self._rank, resume=resume)
         if not self._sock.send_within(codec.encode_hello(hello), 0.5):
             return
         self.replays += 1
-        for _, _, frame in list(self._replay):
+        for frame in self._replay.frames():
             if not self._sock.send_within(frame, 0.5):
                 break  # what did not fit is a gap the logger counts as dropped
         self._last_sent = time.monotonic()
@@ -277,179 +239,6 @@ class Stream:
         finally:
             self._lock.release()
 
-    # -- the end of a stream ---------------------------------------------------------------
-    def close(
-        self,
-        reason: str,
-        timeout: float = FINAL_FLUSH_TIMEOUT,
-        exit_code: int = 0,
-        restart_by: float | None = None,
-        wait_saved: bool = True,
-    ) -> None:
-        """Send what is left and a goodbye, wait for the logger's receipt; all within
-        ``timeout`` seconds (for a logger that died and is being replaced, until
-        ``restart_by``, a ``time.monotonic()`` value; default ``RESTART_WAIT`` from now).
-        ``wait_saved=False``: not also until the records are on disk (the owner closing the
-        funnel: the run's finish comes next, and no logger would replace this one).
-        Warns with numbers when anything may be missing from the run."""
-        # A signal landing meanwhile waits for the goodbye (its handler may exit the process).
-        with lifecycle.signals_held():
-            self._close(reason, timeout, exit_code, restart_by, wait_saved)
-
-    def _close(
-        self,
-        reason: str,
-        timeout: float,
-        exit_code: int,
-        restart_by: float | None,
-        wait_saved: bool = True,
-    ) -> None:
-        started = time.monotonic()
-        deadline = started + timeout
-        if not self._lock.acquire(timeout=max(0.0, timeout)):
-            return
-        try:
-            if self.closed:
-                return
-            alive = self.logger_alive()
-            # Past our own timeout, for a logger that died and is being replaced: a restart
-            # takes seconds, more on a loaded machine (8 s seen at 4 jobs on 2 cores).
-            if restart_by is None:
-                restart_by = time.monotonic() + RESTART_WAIT
-            restart_deadline = max(deadline, restart_by)
-
-            def left() -> float:
-                if alive:
-                    return max(0.0, deadline - time.monotonic())
-                if self._may_be_restarted():  # the queue drains into its successor
-                    return max(0.0, restart_deadline - time.monotonic())
-                return 0.0
-
-            def room() -> float:
-                """Seconds the next send may wait. While the logger is dead, first waits for
-                room in slices, so that a restart that will not come (the socket removed)
-                ends the wait."""
-                while not alive and (t := left()) > 0:
-                    if self._sock.wait_for_room(min(t, 0.25)):
-                        break
-                return left()
-
-            self._send_batch(room())
-            try:  # what this process printed last (a traceback) goes before the goodbye
-                console.pump(self, lambda frame: self._sock.send_within(frame, room()))
-            except Exception:
-                pass
-            goodbye = codec.encode_goodbye(Goodbye(self._seq, reason, exit_code))
-            said_goodbye = self._sock.send_within(goodbye, room())
-            if said_goodbye:
-                self._goodbye = goodbye
-            if said_goodbye and not alive and self._may_be_restarted():
-                # Its pid is gone, but the owner is starting a new one that asks us to resend
-                # what was not saved: wait for that (a new logger answers us with a REHELLO,
-                # and then its Ack).
-                alive = True
-            received = (
-                self._await_ack(deadline, restart_deadline) if said_goodbye and alive else None
-            )
-            if received is None:
-                alive = self.logger_alive()  # no new logger came (past the restart bound)
-            if received is not None and self._replay and wait_saved:
-                # Received is not yet saved: a logger that dies before wandb-core flushed our
-                # last rows would lose them with us gone. A moment more (bounded) until the
-                # logger says they are on disk (if it dies meanwhile, until its successor
-                # has them, within our timeout).
-                self._await_saved(min(deadline, time.monotonic() + SAVED_WAIT), restart_deadline)
-            self.closed = True
-            # Once the logger confirmed receipt nothing is queued; otherwise a bounded linger
-            # lets what is still queued leave (none when the logger is known dead).
-            self._sock.close(0.0 if received is not None else left())
-            self._report_loss(alive, received, said_goodbye, time.monotonic() - started)
-        finally:
-            self._lock.release()
-            _unregister(self)
-            console.forget(self)
-
-    def _await_ack(self, deadline: float, restart_deadline: float | None = None) -> int | None:
-        """The logger's receipt, by ``deadline``; if its pid is gone and the owner restarts
-        it, by ``restart_deadline``, poking the address so that its successor hears of us."""
-        while True:
-            left = deadline - time.monotonic()
-            if left > 0:
-                ack = self._read_reply(min(left, 0.05))
-                if isinstance(ack, Ack):
-                    return ack.received
-                if ack is not None or self.logger_alive():
-                    continue
-            elif self.logger_alive():
-                return None  # a live logger had its time: it is behind, or stalled
-            # Its pid is gone (looked at past the deadline too: a close whose budget went on
-            # sending must not leave for a logger that is being replaced).
-            if not self._may_be_restarted():
-                return None
-            if restart_deadline is None or time.monotonic() >= restart_deadline:
-                return None
-            deadline = max(deadline, restart_deadline)
-            self._poke()
-
-    def _await_saved(self, soon: float, deadline: float) -> None:
-        """Until our records are saved, by ``soon``; if the logger dies meanwhile and the
-        owner restarts it, until its successor has them, by ``deadline``."""
-        waiting_for_a_restart = False
-        while self._replay:
-            left = (deadline if waiting_for_a_restart else soon) - time.monotonic()
-            if left > 0 and self._read_reply(min(left, 0.05)) is not None:
-                continue
-            if left <= 0 and (waiting_for_a_restart or self.logger_alive()):
-                return
-            if not self.logger_alive():
-                if not self._may_be_restarted():
-                    return
-                waiting_for_a_restart = True
-                self._poke()
-
-    def _may_be_restarted(self) -> bool:
-        """Whether a new logger may still come for our unsaved records: restarts are on and
-        the funnel's socket is still there (the owner removes it when the funnel closes: a
-        rank logging after that waits for nobody)."""
-        if not (self._replay and self._restarted):
-            return False
-        if self.endpoint.startswith("ipc://"):
-            return os.path.exists(self.endpoint[len("ipc://") :])
-        return True
-
-    def _poke(self) -> None:
-        """An empty batch (a heartbeat) now and then while the logger's pid is gone and a new
-        one may come: the only way a new logger hears of a stream that has nothing left to
-        send (a closing one), and answers it with REHELLO (lock held)."""
-        now = time.monotonic()
-        if now - self._last_sent >= _POKE_INTERVAL:
-            self._sock.try_send(codec.encode_batch(self._seq, []))
-            self._last_sent = now
-
-    def _report_loss(
-        self, alive: bool, received: int | None, said_goodbye: bool, waited: float
-    ) -> None:
-        who = f"rank {self._rank_text()}"
-        if not alive:
-            unsaved = self._seq - self._saved  # the logger said the rest is in the run
-            if unsaved:
-                # How long this close waited, and whether its goodbye left: what tells "no
-                # new logger came" from "this rank did not wait for one".
-                how = f"waited {waited:.1f} s" + ("" if said_goodbye else ", goodbye not sent")
-                _warn(
-                    f"{who}: the logger (pid {self._logger_pid}) is gone ({how}); up to "
-                    f"{unsaved} records from this rank may be missing from the run"
-                )
-        elif received is None:
-            _warn(
-                f"{who}: the logger did not confirm receipt within the exit timeout (it is "
-                f"behind, or stalled); any of this rank's {self._seq - self.dropped} sent "
-                f"records still queued in this process are discarded at exit and missing "
-                f"from the run ({self.dropped} more were dropped and counted)"
-            )
-        elif received < self._seq:
-            _warn(f"{who}: {self._seq - received} of {self._seq} records did not reach the run")
-
     def logger_alive(self) -> bool:
         """False only when we know for sure: the logger's pid is on this host and gone."""
         if self._logger_pid is None or self._logger_host not in (None, _HOSTNAME):
@@ -491,7 +280,7 @@ class Stream:
             if message.logger_pid is not None:
                 self._logger_pid = message.logger_pid  # a restarted logger is a new process
         elif isinstance(message, Saved):
-            self._forget_saved(message.seq)
+            self._replay.saved(message.seq)
         elif isinstance(message, Rehello):
             self._say_hello_again()
         return message
@@ -528,102 +317,3 @@ class Stream:
     @property
     def produced(self) -> int:
         return self._seq + len(self._buf)  # parked records are numbered already
-
-
-def _warn(message: str) -> None:
-    warnings.warn(f"wandb-funnel: {message}", FunnelWarning, stacklevel=3)
-
-
-# -- this process's streams, its flusher thread, and its exit ----------------------------
-
-_streams: weakref.WeakSet[Stream] = weakref.WeakSet()
-# Re-entrant: the SIGTERM handler runs on the main thread, which may already hold it.
-_registry_lock = threading.RLock()
-_flusher_stop: threading.Event | None = None  # set to stop the running flusher thread
-
-
-def _reset_in_child() -> None:
-    # The parent's streams, lock and thread did not come along in any usable state.
-    global _streams, _registry_lock, _flusher_stop
-    _streams = weakref.WeakSet()
-    _registry_lock = threading.RLock()
-    _flusher_stop = None
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
-
-
-def _register(stream: Stream) -> None:
-    global _flusher_stop
-    with _registry_lock:
-        _streams.add(stream)
-        if _flusher_stop is None:
-            # Each flusher thread gets its own stop event, so a stopped one never revives.
-            _flusher_stop = threading.Event()
-            threading.Thread(
-                target=_flush_loop, args=(_flusher_stop,), name="wandb-funnel-flush", daemon=True
-            ).start()
-    # Streams close before a funnel the same process owns (priority 0 < 10).
-    lifecycle.add_shutdown_callback(_close_all_on_exit, priority=0)
-    lifecycle.add_flush_callback(flush_all)
-
-
-def _unregister(stream: Stream) -> None:
-    with _registry_lock:
-        _streams.discard(stream)
-
-
-def _flush_loop(stop: threading.Event) -> None:
-    while not stop.wait(FLUSH_INTERVAL / 2):
-        now = time.monotonic()
-        with _registry_lock:
-            streams = list(_streams)
-        for stream in streams:
-            try:
-                stream.flush_if_stale(now)
-                stream.pump_console()
-            except Exception as exc:  # never let the flusher die silently
-                print(f"wandb-funnel: flusher: {exc!r}", file=sys.stderr)
-        mine = [s for s in streams if s.pid == os.getpid() and not s.closed]
-        if mine:  # this process's system metrics, through its first open stream
-            try:
-                system.tick(mine[0], now)
-            except Exception as exc:
-                print(f"wandb-funnel: system metrics: {exc!r}", file=sys.stderr)
-
-
-def _stop_flusher() -> None:
-    global _flusher_stop
-    with _registry_lock:
-        stop, _flusher_stop = _flusher_stop, None
-    if stop is not None:
-        stop.set()
-
-
-def open_streams() -> list[Stream]:
-    with _registry_lock:
-        return [s for s in _streams if s.pid == os.getpid() and not s.closed]
-
-
-def flush_all() -> None:
-    """Send every stream's buffered records now, without closing anything."""
-    for stream in open_streams():
-        stream.flush(0.0)
-
-
-def close_all(reason: str, timeout: float = FINAL_FLUSH_TIMEOUT, exit_code: int = 0) -> None:
-    """Close every stream of this process and let their frames leave; bounded by ``timeout``."""
-    deadline = time.monotonic() + timeout
-    restart_by = time.monotonic() + RESTART_WAIT  # one bound for all: not one per stream
-    for stream in open_streams():
-        stream.close(reason, max(0.0, deadline - time.monotonic()), exit_code, restart_by)
-    _stop_flusher()
-    term_process_context(max(0.1, deadline - time.monotonic()))
-
-
-def _close_all_on_exit(exit_code: int, reason: str) -> None:
-    # A rank that raised reports it (the run then ends non-zero). A rank stopped by a signal
-    # does not: Pool's terminate() and torchrun's SIGTERM are how workers normally end, and
-    # what a signal means for the run is for its owner to say.
-    failed = 0 if exit_code in (EXIT_SIGINT, EXIT_SIGTERM) else exit_code
-    close_all(reason, exit_code=failed)
