@@ -47,7 +47,7 @@ JOB_TIMEOUT = 240.0
 # logger wrote it, not when the rank logged it (rows logged while the run opens in the
 # background, 2-5 s online, or while the logger waits once for ranks that never call wandb,
 # reorder_window, share the time the logger caught up), and ``_runtime`` starts at the
-# logger's wandb.init (README, "Known limits"). Neither can be equal across two runs; they
+# logger's wandb.init (docs/guide/known-limits.md). Neither can be equal across two runs; they
 # are checked for presence and order only.
 CLOCKS = ("_timestamp", "_runtime")
 # The funnel's own key in every row (its x-axis: the ranks' step) and in the summary, and its

@@ -138,7 +138,7 @@ def test_a_one_process_script_s_run_is_plain_wandb_s_where_a_user_looks(
     # g. The run's start time is stamped early in the user's wandb.init, as plain wandb's
     # (it was the logger's, a second or more later). The runtime is wandb-core's own clock,
     # from the logger's init: present here (the script runs 2.5 s), shorter than plain's by
-    # the logger's start (README, "Known limits").
+    # the logger's start (docs/guide/known-limits.md).
     assert _starts_early(plain) and _starts_early(funnel), (
         plain.times,
         funnel.times,

@@ -1,4 +1,4 @@
-"""Signal ownership, held by a matrix of cases (the contract is the README's signal table).
+"""Signal ownership, held by a matrix of cases (the contract: docs/guide/lifecycle.md, signals).
 
 A handler installed before the funnel attaches is chained; one installed later stays the
 installed one. Either runs once per signal, and the exit code it chooses is the process's,

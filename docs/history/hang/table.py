@@ -1,6 +1,6 @@
 """Summarise measure.py's JSON lines as Markdown: one line per mode, then one row per run.
 
-    python docs/hang/table.py RAW.jsonl
+    python docs/history/hang/table.py RAW.jsonl
 """
 
 from __future__ import annotations

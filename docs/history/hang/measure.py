@@ -8,7 +8,7 @@ process group and every descendant are SIGKILLed, and nothing may survive (check
 run's record (exit code, seconds, hung, which ranks were alive, when each rank left main()
 and when its process ended, the stacks) is appended as one JSON line to OUT.
 
-    python docs/hang/measure.py OUT.jsonl [--n 30] [--limit 120] [--modes plain,run,install] [--extra '-j 4']
+    python docs/history/hang/measure.py OUT.jsonl [--n 30] [--limit 120] [--modes plain,run,install] [--extra '-j 4']
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 how many runs, their exit record, their history rows and the user's keys, per mode. Each
 job's reading is kept in CACHE (JSON lines), so a later call reads only the new jobs.
 
-    python docs/hang/readback.py CACHE.jsonl [RUNS_DIR] [--skip JOB ...]
+    python docs/history/hang/readback.py CACHE.jsonl [RUNS_DIR] [--skip JOB ...]
 """
 
 from __future__ import annotations
