@@ -19,11 +19,17 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from wandb_funnel._protocol.messages import FILES
 from wandb_funnel._worker import console
 from wandb_funnel._worker.media import Encoding, Stager
 from wandb_funnel.errors import FunnelWarning
+
+if TYPE_CHECKING:
+    import pathlib
+
+    from wandb_funnel._worker.run_files import RunFiles
 
 
 class FilesRefusedError(ValueError):
@@ -128,7 +134,6 @@ def plan_save(
       matches is a source too); a glob that matches nothing saves nothing, with wandb's
       warning when a file exists at that literal path (``glob=False`` takes it literally).
     """
-    import glob as globbing  # here: a worker that never saves does not load it
     import pathlib
 
     if isinstance(glob_str, bytes):
@@ -167,14 +172,76 @@ def plan_save(
     if relative.parts and relative.parts[0] == "*":
         raise ValueError("Glob may not start with '*' relative to the base path")
 
-    literal = str(resolved_base / relative)
+    found = _matches(str(resolved_base / relative), str(relative), expand_glob, notes)
+    depth = len(resolved_base.parts)
+    sources = [(str(pathlib.PurePath(*src.parts[depth:])), str(src)) for src in found]
+    return SavePlan(str(resolved_base), str(relative), expand_glob, sources)
+
+
+def save(
+    run: RunFiles,
+    glob_str: str | bytes | os.PathLike[str],
+    base_path: str | os.PathLike[str] | None,
+    policy: str,
+    glob: bool,
+) -> list[str]:
+    """``run.save(...)`` (``wf.Run.save`` says what it does): resolved by ``plan_save``, each
+    file staged and a FILES update sent; the paths in ``run.dir`` that wandb would return."""
+    import pathlib
+
+    wandb = installed_wandb(run)
+    notes: list[Note] = []
+    try:
+        plan = plan_save(glob_str, base_path, policy, glob, notes)
+    finally:
+        say(notes, wandb)  # what wandb prints before raising, too
+    if plan is None:
+        return []  # a cloud URL: wandb says so and saves nothing
+    stager = run._media_stager()
+    files_root = run.dir if stager.directory is not None else ""  # its node only
+    existing = already_in_run(files_root, plan)
+    enc = stager.encoding()
+    try:
+        data, failed = save_update(stager, plan, policy, enc)
+        sent = stager.directory is None or run._send_update(FILES, data)
+    except BaseException:
+        enc.rollback()
+        raise
+    if not sent:  # the queue was full: said by the stream; nothing of it stays staged
+        enc.rollback()
+        return []
+    if data["entries"] and wandb is not None:  # where wandb says "Symlinked 1 file ..."
+        say([copied_note(len(data["entries"]))], wandb)
+    if failed:
+        update = not_saved_update(failed)
+        warnings.warn(
+            f"wandb_funnel: save({os.fspath(glob_str)!r}): {update['why']}; counted in "
+            f"the run's summary as _funnel/dropped_files",
+            FunnelWarning,
+            stacklevel=3,  # the user's call of run.save
+        )
+        run._send_update(FILES, update)
+    names = {pathlib.PurePath(entry) for entry, _ in data["entries"]}
+    names.update(pathlib.PurePath(name) for name in existing)
+    return [os.path.join(files_root, name) for name in sorted(names)]
+
+
+def _matches(
+    literal: str, relative: str, expand_glob: bool, notes: list[Note]
+) -> list[pathlib.Path]:
+    """What ``save``'s glob matches (``literal``: the glob as an absolute path), with wandb's
+    warnings for a glob that matches nothing but a file of that name, and a literal path that
+    is not there but looks like a glob."""
+    import glob as globbing  # here: a worker that never saves does not load it
+    import pathlib
+
     if expand_glob:
         found = [pathlib.Path(p).absolute() for p in sorted(globbing.glob(literal))]
         if not found and os.path.lexists(literal):
             notes.append(
                 Note(
                     "warn",
-                    f"No files found at glob pattern {str(relative)!r}, but a file exists at "
+                    f"No files found at glob pattern {relative!r}, but a file exists at "
                     "that literal path. If you meant to match it literally rather than as a "
                     "glob pattern, call save() with glob=False.",
                     repeat=False,
@@ -184,7 +251,7 @@ def plan_save(
         found = [pathlib.Path(literal).absolute()]
     else:
         found = []
-        if globbing.escape(str(relative)) != str(relative):
+        if globbing.escape(relative) != relative:
             notes.append(
                 Note(
                     "warn",
@@ -194,9 +261,7 @@ def plan_save(
                     repeat=False,
                 )
             )
-    depth = len(resolved_base.parts)
-    sources = [(str(pathlib.PurePath(*src.parts[depth:])), str(src)) for src in found]
-    return SavePlan(str(resolved_base), str(relative), expand_glob, sources)
+    return found
 
 
 def already_in_run(files_root: str, plan: SavePlan) -> list[str]:
@@ -292,7 +357,8 @@ def say(notes: list[Note], wandb: Any) -> None:
             with console.uncaptured():  # as plain wandb's: on the terminal, not in the Logs
                 term(note.text, repeat=note.repeat)
         else:
-            warnings.warn(f"wandb_funnel: {note.text}", FunnelWarning, stacklevel=3)
+            # At the user's call: run.save -> files.save -> say.
+            warnings.warn(f"wandb_funnel: {note.text}", FunnelWarning, stacklevel=4)
 
 
 def _ext(path: str) -> str:
