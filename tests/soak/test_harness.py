@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from wandb_funnel import cli
-from wandb_funnel.soak import harness, jobenv, probe
+from wandb_funnel import _soak_command, cli
+from wandb_funnel.soak import faults, harness, jobenv, probe
 from wandb_funnel.soak.harness import run_iteration
 from wandb_funnel.soak.scenarios import (
     USER_FAULTS,
@@ -189,7 +189,7 @@ def _timed_fault(needs_probe: bool) -> tuple[Any, list[float]]:
         command=("x",),
         fault=Fault("kill-logger", delay=(2.0, 2.0), needs_probe=needs_probe),
     )
-    fault = harness._Fault(scenario, None, random.Random(0), _Owner(), started=100.0)  # type: ignore[arg-type]
+    fault = faults.FaultInjector(scenario, None, random.Random(0), _Owner(), started=100.0)  # type: ignore[arg-type]
     landed: list[float] = []
 
     def inject(now: float) -> bool:
@@ -277,11 +277,11 @@ def test_marked_processes_are_found_and_leftovers_killed(tmp_path: pathlib.Path)
 
 
 def test_the_command_line() -> None:
-    assert cli._seconds_range("3") == (3.0, 3.0)
-    assert cli._seconds_range("1.5:4") == (1.5, 4.0)
+    assert _soak_command._seconds_range("3") == (3.0, 3.0)
+    assert _soak_command._seconds_range("1.5:4") == (1.5, 4.0)
     for bad in ("4:1", "-1", "x", "1:2:3"):
         with pytest.raises(argparse.ArgumentTypeError):
-            cli._seconds_range(bad)
+            _soak_command._seconds_range(bad)
     for argv in (
         ["soak"],
         ["soak", "--matrix", "m.py", "--", "python", "x.py"],

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from wandb_funnel.soak.harness import Iteration
+from wandb_funnel.soak.iteration import Iteration
 
 COLUMNS = [
     ("scenario", "scenario"),

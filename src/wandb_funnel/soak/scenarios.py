@@ -18,7 +18,7 @@ import os
 import pathlib
 from dataclasses import dataclass, field, replace
 
-# Fault actions the harness knows (see harness._Fault):
+# Fault actions the harness knows (see faults.FaultInjector):
 #   sigint-group      Ctrl-C in a terminal: SIGINT to the owner's process group
 #   preempt           SIGTERM to the owner's group, then SIGKILL to it after ``grace`` s
 #   scancel           SIGTERM to every process of the job (logger and wandb-core too), then
