@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+from wandb_funnel import _private_dir
 from wandb_funnel._logger import continuity
 from wandb_funnel._logger.continuity import Continuation
 from wandb_funnel.sinks import RECORD
@@ -40,12 +41,12 @@ def test_the_taken_points_are_read_from_the_note_of_the_logger_whose_segment_is_
     between were killed while they started (they wrote neither: found by the soak's
     logger-killed-3x, 6 of 6 with duplicates); a note of another logger says nothing."""
     directory = str(tmp_path)
-    continuity.write_json(directory, continuity.STATE_FILE, {"generation": 0})
-    continuity.write_json(directory, continuity.TAKEN_FILE, {"generation": 0, "taken": {1: 7}})
+    _private_dir.write_json(directory, _private_dir.STATE, {"generation": 0})
+    _private_dir.write_json(directory, _private_dir.TAKEN, {"generation": 0, "taken": {1: 7}})
     assert continuity.resume(directory, 1).taken == {1: 7}
     assert continuity.resume(directory, 3).taken == {1: 7}
     assert continuity.resume(directory, 0).taken == {}  # the first logger
-    continuity.write_json(directory, continuity.STATE_FILE, {"generation": 1})
+    _private_dir.write_json(directory, _private_dir.STATE, {"generation": 1})
     assert continuity.resume(directory, 2).taken == {}
 
 
@@ -53,7 +54,7 @@ def test_the_taken_note_is_rewritten_in_place_and_reads_back_whole(tmp_path: pat
     """The note is rewritten with one pwrite: a shorter note after a longer one still reads
     back as itself (padded), and a torn note reads as nothing taken (every record is written
     again: a duplicate at worst, never a loss)."""
-    continuity.write_json(str(tmp_path), continuity.STATE_FILE, {"generation": 0})
+    _private_dir.write_json(str(tmp_path), _private_dir.STATE, {"generation": 0})
     note = continuity.TakenNote(str(tmp_path), 0)
     try:
         note.write({rank: 1_000_000 + rank for rank in range(50)})
@@ -61,7 +62,7 @@ def test_the_taken_note_is_rewritten_in_place_and_reads_back_whole(tmp_path: pat
         assert continuity.resume(str(tmp_path), 1).taken == {1: 5}
     finally:
         note.close()
-    path = tmp_path / continuity.TAKEN_FILE
+    path = tmp_path / _private_dir.TAKEN
     path.write_bytes(path.read_bytes()[:20])  # torn
     assert continuity.resume(str(tmp_path), 1).taken == {}
 
@@ -86,7 +87,7 @@ def test_media_of_rows_handed_to_wandb_that_never_reached_the_file_are_not_count
         "recent_media": [1, 0, 2],
         "base": {"_funnel/media": 5, "_funnel/files": 1},
     }
-    continuity.write_json(str(tmp_path), continuity.STATE_FILE, state)
+    _private_dir.write_json(str(tmp_path), _private_dir.STATE, state)
     before = continuity.resume(str(tmp_path), 1)
     assert before.base == {"_funnel/media": 3, "_funnel/files": 1}
     assert before.records == 4 + 2 and before.rows == 3

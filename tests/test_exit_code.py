@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from wandb_funnel._logger.process import run_exit_code
+from wandb_funnel._logger.loop import run_exit_code
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def test_the_logger_process_loads_no_worker_or_owner_module() -> None:
     bootstrap = LOGGER_BOOTSTRAP.replace("import wandb_funnel._logger.__main__\n", "")
     assert bootstrap != LOGGER_BOOTSTRAP
     code = bootstrap + (
-        "import wandb_funnel._logger.process\n"
+        "import wandb_funnel._logger.main\n"
         "import json\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith('wandb_funnel.')"
         " and not m.startswith(('wandb_funnel._logger', 'wandb_funnel._protocol')))))\n"
@@ -55,7 +55,10 @@ def test_the_logger_process_loads_no_worker_or_owner_module() -> None:
     loaded = json.loads(out.stdout)
     assert set(loaded) <= {
         "wandb_funnel._constants",
+        "wandb_funnel._deadline",  # the close's budget
         "wandb_funnel._options",
+        "wandb_funnel._outcomes",  # how a logger ends, typed
+        "wandb_funnel._private_dir",  # the private directory's files
         "wandb_funnel._pid",
         "wandb_funnel.errors",
         "wandb_funnel.sinks",  # the Sink protocol and open_sink: where the rows go

@@ -4,6 +4,7 @@ exit code always go to the sink. A recording sink stands in for wandb (pure logi
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from wandb_funnel._logger.ordering import Reorderer
@@ -47,6 +48,21 @@ class RecordingSink(NullSink):
         self.exit_code = exit_code
 
 
+def _accounting(
+    shared: dict[str, Any] | None = None, elsewhere: int = 0
+) -> Callable[[RunWriter], dict[str, Any]]:
+    """The run's summary as the Ledger makes it (``Ledger.for_run``), without a logger."""
+
+    def accounting(writer: RunWriter) -> dict[str, Any]:
+        return {
+            **(shared or {}),
+            "_funnel/records": writer.records,
+            "_funnel/dropped_records": writer.dropped + elsewhere,
+        }
+
+    return accounting
+
+
 def _writer_for(steps: int) -> tuple[RunWriter, RecordingSink]:
     sink = RecordingSink()
     writer = RunWriter(sink, Reorderer(1e9, 10**6), RowBuilder("auto", {}, "_step"), "run")
@@ -57,7 +73,7 @@ def _writer_for(steps: int) -> tuple[RunWriter, RecordingSink]:
 
 def test_finish_writes_every_row_in_order_when_time_allows() -> None:
     writer, sink = _writer_for(2_500)  # more than one slice
-    writer.finish(0, {}, write_deadline=time.monotonic() + 60)
+    writer.finish(0, _accounting(), write_deadline=time.monotonic() + 60)
     assert [row["x"] for row in sink.rows] == list(range(2_500))
     assert sink.summary["_funnel/records"] == 2_500
     assert sink.summary["_funnel/dropped_records"] == 0
@@ -67,7 +83,7 @@ def test_finish_writes_every_row_in_order_when_time_allows() -> None:
 def test_finish_past_its_deadline_counts_rows_and_still_sends_the_accounting() -> None:
     writer, sink = _writer_for(50_000)
     steps: list[str] = []
-    writer.finish(143, {"_funnel/ranks": 2}, 7, time.monotonic() - 1, steps.append)
+    writer.finish(143, _accounting({"_funnel/ranks": 2}, 7), time.monotonic() - 1, steps.append)
     assert len(sink.rows) == 0
     # Counted in bulk: not one row was released (in order, one heap pop each) only to be
     # counted; with 500k records queued that took seconds the summary and finish needed.
@@ -108,7 +124,7 @@ def test_deadline_passing_while_writing_counts_the_rest_exactly(monkeypatch: Any
         clock.now += 0.001
 
     sink.log = slow_log  # type: ignore[method-assign]
-    writer.finish(0, {}, write_deadline=1.5)
+    writer.finish(0, _accounting(), write_deadline=1.5)
     written = [row["x"] for row in sink.rows]
     assert written == list(range(len(written))) and 1_000 < len(written) < 2_000
     assert sink.summary["_funnel/records"] == len(written) + 1  # step 3 has two records
@@ -178,7 +194,7 @@ def test_rows_go_at_their_own_step_and_a_late_one_at_the_next_free_step(capsys: 
     assert sink.rows[3] == {"c": 5, "global_step": 5, "_funnel/step": 5}
     assert "global_step" not in sink.rows[4]
     assert writer.rows == 4 and writer.late_records == 1 and writer.records == 5
-    assert list(writer.recent_rows) == [1, 2, 1, 1]
+    assert list(writer.journal.recent_rows) == [1, 2, 1, 1]
     err = capsys.readouterr().err
     assert err.count("came after a later step was written") == 1
     assert "reorder_window" in err and "_funnel/late_records" in err

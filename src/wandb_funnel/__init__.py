@@ -6,12 +6,9 @@ wandb run, orders records by step and rank, reduces across ranks, and always fin
 
 from __future__ import annotations
 
-from wandb_funnel._api import finish, init, log
-from wandb_funnel._options import FunnelOptions
-from wandb_funnel._owner.funnel import Funnel
+import typing as _typing
+
 from wandb_funnel._version import __version__
-from wandb_funnel._worker.media import Histogram, Image, Table
-from wandb_funnel._worker.run import Run
 from wandb_funnel.errors import (
     ClientClosedError,
     FunnelError,
@@ -19,6 +16,51 @@ from wandb_funnel.errors import (
     LoggerStartError,
     LoggerUnavailableError,
 )
+
+if _typing.TYPE_CHECKING:
+    from wandb_funnel._api import finish, init, log
+    from wandb_funnel._options import FunnelOptions
+    from wandb_funnel._owner.funnel import Funnel
+    from wandb_funnel._worker.media import Histogram, Image, Table
+    from wandb_funnel._worker.run import Run
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """The rest of the public names, imported on first use (PEP 562): `wandb-funnel run` and
+    every process's startup hook import this package, and neither needs zmq, the codec or
+    the owner to start (0.1 s of `wandb-funnel run`'s startup, benchmarks/startup.py)."""
+    if name in ("finish", "init", "log"):
+        from wandb_funnel import _api as module
+    elif name == "FunnelOptions":
+        from wandb_funnel import _options as module
+    elif name == "Funnel":
+        from wandb_funnel._owner import funnel as module
+    elif name in ("Histogram", "Image", "Table"):
+        from wandb_funnel._worker import media as module
+    elif name == "Run":
+        from wandb_funnel._worker import run as module
+    else:
+        raise AttributeError(f"module 'wandb_funnel' has no attribute {name!r}")
+    value = getattr(module, name)
+    globals()[name] = value  # once: later lookups never reach __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(
+        {
+            *globals(),
+            "finish",
+            "init",
+            "log",
+            "FunnelOptions",
+            "Funnel",
+            "Histogram",
+            "Image",
+            "Table",
+            "Run",
+        }
+    )
 
 
 def install(**funnel_options: object) -> None:

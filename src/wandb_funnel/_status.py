@@ -1,7 +1,7 @@
 """``wandb-funnel status [--json] [--watch]``: the running funnels of this user on this node.
 
 The logger writes ``status.json`` in its private directory (``0700``, the owner's user: the
-same rule as its socket) once a second, from counters it already keeps (``_logger/process``,
+same rule as its socket) once a second, from counters it already keeps (``_logger/monitor``,
 ``Logger.status``): a reader never talks to the logger, so asking can never slow the job, and
 the answer comes at once. A funnel whose file is older than ``STALE_AFTER`` seconds, or whose
 logger is gone, is left out.

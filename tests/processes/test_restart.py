@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import MARK_VAR, Scripts, program, reports
 from tests.wandb_reader import WandbRun, find_runs, read_run, step_of
+from wandb_funnel.sinks.recording import rows_in
 
 pytestmark = [pytest.mark.processes]
 RESTART = program("restart")
@@ -77,6 +78,37 @@ def test_a_killed_logger_or_wandb_core_costs_no_step(scripts: Scripts, kill: str
     # the restart is one line in the run's console
     assert any("the logger was restarted" in r.get("line", "") for r in run.output_raw)
     assert not any("may be missing" in line for line in res.stderr.splitlines())
+    assert res.leftovers == []
+
+
+def test_a_killed_logger_costs_no_step_on_the_recording_sink(scripts: Scripts) -> None:
+    """The restart path is the sink's as much as wandb's (the Journal asks a ``Restartable``
+    sink what is on disk): the same kill, with the run recorded as JSON lines
+    (``WANDB_FUNNEL_SINK=record:DIR``, as ``capture_run`` records it). One recording per
+    segment; every step of each worker once, across both."""
+    record = scripts.tmp_path / "recorded"
+    record.mkdir()
+    res = scripts.run_file(
+        RESTART,
+        ["kill-mid-run", "--kill", "logger"],
+        120,
+        extra_env={"WANDB_FUNNEL_SINK": f"record:{record}"},
+    )
+    assert res.returncode == 0, res.stderr
+    info = reports(res.stdout)
+    assert info["restarts"] == 1 and info["workers_exit"] == [0, 0]
+    run_id = info["run_id"]
+    segments = [record / f"{run_id}.jsonl", record / f"{run_id}.1.jsonl"]
+    assert sorted(record.iterdir()) == sorted(segments)
+    rows = [row for segment in segments for row in rows_in(str(segment))]
+    for worker in ("w1", "w2"):
+        seen = collections.Counter(step_of(row) for row in rows if worker in row)
+        missing = sorted(set(range(STEPS)) - set(seen))
+        twice = sorted(step for step, n in seen.items() if n > 1)
+        assert not missing and not twice, f"{worker}: missing {missing[:20]}, twice {twice[:20]}"
+    assert info["stats"]["_funnel/records"] == 2 * STEPS
+    assert info["stats"]["_funnel/dropped_records"] == 0
+    assert info["stats"]["_funnel/logger_restarts"] == 1
     assert res.leftovers == []
 
 

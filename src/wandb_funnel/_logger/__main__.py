@@ -6,7 +6,7 @@ code the run was finished with."""
 import os
 import sys
 
-from wandb_funnel._logger.process import main
+from wandb_funnel._logger.main import main
 
 code = main()
 # Exit without waiting on anything the wandb SDK left running: the run is finished, and a

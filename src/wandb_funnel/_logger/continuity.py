@@ -27,9 +27,8 @@ import os
 import time
 from typing import Any, NamedTuple
 
-STATE_FILE = "logger-state.json"
-RUN_DATA_FILE = "logger-run-data.json"
-TAKEN_FILE = "logger-taken.json"
+from wandb_funnel import _private_dir
+
 # The accounting a segment adds to the one before (the rest is counted afresh, or exact).
 ADDITIVE = (
     "_funnel/dropped_records",
@@ -85,39 +84,16 @@ class Continuation(NamedTuple):
         return [first + i < taken and r[0] in steps for i, r in enumerate(records)]
 
 
-def _read(path: str) -> dict[str, Any]:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def write_json(ipc_dir: str | None, name: str, data: dict[str, Any]) -> None:
-    """``data`` as ``name`` in the funnel's private directory, written whole or not at all:
-    the state and run data here, the run's info (``RUN_INFO_FILE``), or the accounting for
-    an owner whose CLOSE gets no DONE (``FINAL_STATS``). No import: the watchdog calls it."""
-    if not ipc_dir:
-        return
-    path = os.path.join(ipc_dir, name)
-    try:
-        with open(path + ".tmp", "w") as f:
-            json.dump(data, f)
-        os.replace(path + ".tmp", path)
-    except (OSError, TypeError, ValueError):
-        pass
-
-
 class TakenNote:
-    """``TAKEN_FILE``: before each write of rows, rank -> the end of the records taken in. It
-    is rewritten in place with one ``pwrite`` (no new file, no rename: a write cycle must
-    pay microseconds for it, not the half millisecond ``write_json`` costs), padded with
-    spaces to the last length. A torn or unreadable file reads as nothing taken: the
-    successor then writes every resent record again (a duplicate at worst, never a loss)."""
+    """``logger-taken.json``: before each write of rows, rank -> the end of the records taken
+    in. It is rewritten in place with one ``pwrite`` (no new file, no rename: a write cycle
+    must pay microseconds for it, not the half millisecond ``_private_dir.write_json``
+    costs), padded with spaces to the last length. A torn or unreadable file reads as
+    nothing taken: the successor then writes every resent record again (a duplicate at
+    worst, never a loss)."""
 
     def __init__(self, ipc_dir: str | None, generation: int) -> None:
-        self._path = os.path.join(ipc_dir, TAKEN_FILE) if ipc_dir else None
+        self._path = os.path.join(ipc_dir, _private_dir.TAKEN) if ipc_dir else None
         self._generation = generation
         self._fd: int | None = None
         self._length = 0
@@ -166,11 +142,11 @@ def resume(ipc_dir: str | None, generation: int) -> Continuation:
         return Continuation.empty()
     from wandb_funnel.sinks import steps_after
 
-    state = _read(os.path.join(ipc_dir, STATE_FILE))
-    run_data = _read(os.path.join(ipc_dir, RUN_DATA_FILE))
+    state = _private_dir.read_json(ipc_dir, _private_dir.STATE)
+    run_data = _private_dir.read_json(ipc_dir, _private_dir.RUN_DATA)
     # The note of the logger whose segment the state names (not always generation - 1: a
     # logger killed while it started wrote neither); another logger's says nothing of it.
-    taken_data = _read(os.path.join(ipc_dir, TAKEN_FILE))
+    taken_data = _private_dir.read_json(ipc_dir, _private_dir.TAKEN)
     taken: dict[int, int] = {}
     if "generation" in state and taken_data.get("generation") == state.get("generation"):
         taken = {int(k): int(v) for k, v in (taken_data.get("taken") or {}).items()}

@@ -9,16 +9,15 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from wandb_funnel._logger.console import ConsoleLines
+from wandb_funnel._logger.journal import RunJournal
 from wandb_funnel._logger.media import MediaFiles, has_media
 from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
-from wandb_funnel._logger.saving import SaveTracker
 from wandb_funnel._logger.steps import TRUE_STEP_KEY, StepPlacer
 from wandb_funnel._protocol.messages import UpdateKind
 from wandb_funnel.sinks import Sink
@@ -61,17 +60,9 @@ class RunWriter:
         # A writer whose run could not be opened is broken from the start.
         self._broken: str | None = None if sink is not None else "the run could not be opened"
         self.sink_lost = False  # wandb-core went away (an OSError from the sink)
-        self.saves = SaveTracker()  # which ranks' records are on disk (the logger's to read)
-        # The accounting of the run's earlier segments (a restarted logger's run): added to
-        # this segment's in the summary.
-        self.earlier: dict[str, int] = {}
-        # Records per row for the last rows written (from row ``recent_from``), and records in
-        # the rows before: a restarted logger counts the dead one's records from these and
-        # the number of rows its file really holds.
-        self.recent_rows: deque[int] = deque()
-        self.recent_media: deque[int] = deque()  # media values per row, as recent_rows
-        self.recent_from = 0
-        self.records_before_recent = 0
+        # Which records are written and on disk, and what the recent rows hold: the
+        # Journal's part of this run (what a restarted logger needs).
+        self.journal = RunJournal()
 
     def write(self, rows: list[Row], deadline: float | None = None) -> None:
         """Write ``rows``; past ``deadline`` (monotonic) the rest are counted, not written."""
@@ -103,13 +94,7 @@ class RunWriter:
                 self.records += row.records
                 if at.new_row:
                     self.rows += 1
-                    self.recent_rows.append(row.records)
-                    self.recent_media.append(0)
-                elif self.recent_rows:  # merged into the open row: one history row still
-                    self.recent_rows[-1] += row.records
-                # (a row whose media wandb refused takes its keys off: never below 0)
-                if self.recent_media:
-                    self.recent_media[-1] += max(0, self.media.logged - media_before)
+                self.journal.row_written(row.records, self.media.logged - media_before, at.new_row)
             except Exception as exc:  # wandb-core gone, or a value wandb refuses
                 if isinstance(exc, OSError):  # ConnectionResetError, BrokenPipeError, ...
                     self._broken = repr(exc)
@@ -146,20 +131,6 @@ class RunWriter:
     def tensorboard_synced(self) -> None:
         """A rank syncs tensorboard into the run: wandb-core places rows from now on."""
         self.steps.tensorboard()
-
-    def forget_rows_before(self, row: int) -> None:
-        """Per-row counts before ``row`` are no longer needed (nothing unsaved is there)."""
-        recent = self.recent_rows
-        while self.recent_from < row and recent:
-            self.records_before_recent += recent.popleft()
-            self.recent_media.popleft()
-            self.recent_from += 1
-
-    def records_in_rows(self, rows: int) -> int:
-        """How many records the first ``rows`` rows written hold (``rows`` at or after
-        ``recent_from``: what a dead logger's file holds, for its successor's count)."""
-        take = max(0, rows - self.recent_from)
-        return self.records_before_recent + sum(list(self.recent_rows)[:take])
 
     def rank_attached(self, rank: int, pid: int) -> None:
         """``rank`` (process ``pid``) attached. Once a second rank has, console lines are
@@ -254,15 +225,14 @@ class RunWriter:
     def finish(
         self,
         exit_code: int,
-        extra: dict[str, Any],
-        dropped_elsewhere: int = 0,
+        accounting: Callable[[RunWriter], dict[str, Any]],
         write_deadline: float | None = None,
         step_done: Callable[[str], None] = lambda step: None,
         progress: Callable[[int], None] = lambda rows_left: None,
     ) -> None:
         """Write every buffered row (until ``write_deadline``; the rest are counted), then the
-        accounting (``extra`` adds the funnel's own figures; ``dropped_elsewhere`` counts this
-        run's records lost before the logger took them in), then the exit code; once.
+        accounting (``accounting(self)``, once the rows are done: the ``Ledger``'s figures
+        for this run), then the exit code; once.
 
         Rows are what may not fit in the time left: the summary and the exit record always
         get written (when wandb answers at all), so a run never ends without its accounting.
@@ -293,16 +263,7 @@ class RunWriter:
         if self._broken == "out of time":
             self._broken = None  # rows stopped; the summary and finish still go
         self.console.flush(self.sink if self._broken is None else None)
-        summary = {
-            **extra,
-            "_funnel/records": self.records,
-            "_funnel/rows": self.rows,
-            "_funnel/late_records": self.late_records,
-            "_funnel/dropped_records": self.dropped + dropped_elsewhere,
-        }
-        for key in ("_funnel/records", "_funnel/rows", "_funnel/late_records"):
-            summary[key] += self.earlier.get(key, 0)
-        summary["_funnel/dropped_records"] += self.earlier.get("_funnel/dropped_records", 0)
+        summary = accounting(self)
         if self.sink is None or self._broken is not None:
             return
         sent = self.summary_sent = self._call("summary", self.sink.update_summary, summary)

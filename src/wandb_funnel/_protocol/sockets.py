@@ -14,9 +14,10 @@ from typing import Any, Final
 
 import zmq
 
+from wandb_funnel import _private_dir
+
 # A Unix socket path must fit in sockaddr_un.sun_path (108 bytes with the NUL).
 _MAX_IPC_PATH: Final = 100
-_SOCKET_NAME: Final = "logger.sock"
 
 # Re-entrant: a SIGTERM handler runs on the main thread and may need it while that thread
 # already holds it.
@@ -83,34 +84,11 @@ def private_ipc_endpoint() -> tuple[str, str]:
         base = "/tmp"
     directory = tempfile.mkdtemp(prefix="wandb-funnel-", dir=base)  # mkdtemp makes it 0700
     os.chmod(directory, 0o700)
-    return f"ipc://{os.path.join(directory, _SOCKET_NAME)}", directory
+    return f"ipc://{os.path.join(directory, _private_dir.SOCKET)}", directory
 
 
-def remove_ipc_dir(directory: str | None) -> None:
-    """Remove our socket directory: the socket file, and the media staging folder with
-    whatever is still staged in it. No import here: the logger's watchdog runs this while its
-    main thread is stuck, perhaps holding an import lock."""
-    if not directory:
-        return
-    try:
-        for root, dirs, files in os.walk(directory, topdown=False):
-            for name in files:
-                _unlink(os.path.join(root, name))
-            for name in dirs:
-                try:
-                    os.rmdir(os.path.join(root, name))
-                except OSError:
-                    pass
-        os.rmdir(directory)
-    except OSError:
-        pass
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass  # gone already: a worker's rollback, or wandb moving it, meanwhile
+# The owner removes the directory with its socket once the funnel has closed.
+remove_ipc_dir = _private_dir.remove
 
 
 def new_curve_keys() -> dict[str, str]:

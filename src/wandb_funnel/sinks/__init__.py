@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from wandb_funnel._constants import ENV_SINK, SINK_RECORD_PREFIX, TRUE_STEP_KEY
 
@@ -39,8 +39,9 @@ class Staging(Protocol):
 
 
 class Sink(Protocol):
-    """One run's destination. Called from the logger's single thread only. A call that fails
-    raises: the writer counts and reports it (an ``OSError``: the destination is gone)."""
+    """One run's destination: the write path. Called from the logger's single thread only. A
+    call that fails raises: the writer counts and reports it (an ``OSError``: the
+    destination is gone). A sink that can also say what is on disk is ``Restartable``."""
 
     run_id: str
     # The lowest step a row can take: a resumed run's (wandb's ``starting_step``: it drops
@@ -98,6 +99,18 @@ class Sink(Protocol):
     def finish(self, exit_code: int) -> None:
         """Finish the run; the caller bounds how long this may take."""
 
+    def update_run(self, data: dict[str, Any]) -> None:
+        """``run.name = ...``, ``run.notes = ...``, ``run.tags = [...]`` as a rank set them
+        (a RUN update: ``{"name": str | None, "notes": str | None, "tags": [str, ...]}``,
+        the keys set; the values already checked as wandb checks them)."""
+
+
+@runtime_checkable
+class Restartable(Protocol):
+    """What only a logger's restart needs of a sink, checked with ``isinstance``: a sink
+    without it is written as far as the rows go, and a logger that dies with it loses what
+    its ranks had not been told is saved (they are told once rows are written)."""
+
     def saved_rows(self) -> int:
         """How many of the rows ``log`` wrote are safe on disk now (wandb: history records
         in the transaction log, which wandb-core flushes every fraction of a second). The
@@ -106,11 +119,6 @@ class Sink(Protocol):
     def segment(self) -> dict[str, Any]:
         """Where this run's rows are on disk, as plain data: a logger restarted after this
         one died reads what it left there (``steps_after``)."""
-
-    def update_run(self, data: dict[str, Any]) -> None:
-        """``run.name = ...``, ``run.notes = ...``, ``run.tags = [...]`` as a rank set them
-        (a RUN update: ``{"name": str | None, "notes": str | None, "tags": [str, ...]}``,
-        the keys set; the values already checked as wandb checks them)."""
 
 
 def steps_after(segment: dict[str, Any], skip: int) -> tuple[int, list[Any], int]:
