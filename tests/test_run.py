@@ -1,16 +1,21 @@
-"""``Run`` without a logger: what ``log`` refuses, it refuses before connecting; ``run.name``,
-``notes`` and ``tags`` set as wandb sets them."""
+"""``Run`` without a logger: what ``log`` refuses, it refuses before connecting; a record is
+encoded once, its media too; ``run.name``, ``notes`` and ``tags`` set as wandb sets them."""
 
 from __future__ import annotations
 
+import os
+import pathlib
 import pickle
 from typing import Any
 
+import numpy as np
 import pytest
 
+import wandb_funnel as wf
 from wandb_funnel import _pid
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Update, UpdateKind
+from wandb_funnel._protocol.messages import MediaRef, RecordBatch, Update, UpdateKind
+from wandb_funnel._worker import media
 from wandb_funnel._worker.run import AttachInfo, Run
 from wandb_funnel.errors import ClientClosedError, FunnelWarning
 
@@ -92,3 +97,85 @@ def test_a_finished_run_refuses_the_setters_first() -> None:
     with pytest.raises(ClientClosedError, match=r"run.tags = on a finished run"):
         run.tags = 5  # type: ignore[assignment]  # finished before the value is looked at
     assert stream.updates == []
+
+
+class _Records:
+    """A stream that keeps the records a Run pushes, and the blobs it sends (no socket)."""
+
+    def __init__(self) -> None:
+        self.pid = _pid.current
+        self.frames: list[bytes] = []
+        self.blobs: list[str] = []
+
+    def push(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+    def send_blob(self, name: str, data: bytes) -> bool:
+        self.blobs.append(name)
+        return True
+
+    def records(self) -> list[dict[str, Any]]:
+        batch = codec.decode(codec.encode_batch(0, self.frames), 1 << 24)
+        assert isinstance(batch, RecordBatch)
+        return [data for _, _, data in batch.records]
+
+
+def _run_with_records(address: str) -> tuple[Run, _Records]:
+    run = Run(AttachInfo(address, "token", "run", 1 << 20), requested_rank=None)
+    stream = _Records()
+    run._stream = stream  # type: ignore[assignment]
+    return run, stream
+
+
+@pytest.mark.parametrize("where", ["this node", "another node"])
+def test_a_record_is_encoded_once_its_media_too(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """One pass per record: a record with media is not first refused and then encoded again;
+    its files are staged (or, from another node, sent) once."""
+    (tmp_path / "media").mkdir()
+    address = f"ipc://{tmp_path}/sock" if where == "this node" else "tcp://10.0.0.1:5555"
+    run, stream = _run_with_records(address)
+    passes: list[int] = []
+    encode = codec.encode_record
+
+    def counting(*args: Any, **kwargs: Any) -> bytes:
+        passes.append(1)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(codec, "encode_record", counting)
+    image = wf.Image(np.zeros((4, 4, 3), dtype=np.uint8))
+    run.log({"loss": 0.5})
+    run.log({"loss": np.float32(0.25), "image": image, "table": wf.Table(["a"], [[image]])})
+    assert len(passes) == 2
+    plain, with_media = stream.records()
+    assert plain == {"loss": 0.5} and with_media["loss"] == 0.25
+    assert isinstance(with_media["image"], MediaRef)
+    staged = os.listdir(tmp_path / "media") if where == "this node" else stream.blobs
+    assert len(staged) == 1  # one image object: staged once, under both keys
+    with pytest.raises(TypeError, match="cannot encode value for key 'bad'"):
+        run.log({"image": wf.Image(np.zeros((4, 4, 3), dtype=np.uint8)), "bad": object()})
+    assert len(os.listdir(tmp_path / "media")) == (1 if where == "this node" else 0)
+    assert len(stream.frames) == 2 and run.step == 2  # the refused record moved nothing
+
+
+def test_a_handler_that_logs_while_media_are_staged_gets_a_record_of_its_own(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handler runs where Python code runs: inside staging, halfway through packing
+    a record. A record it logs is packed apart, and both arrive whole, the handler's first."""
+    (tmp_path / "media").mkdir()
+    run, stream = _run_with_records(f"ipc://{tmp_path}/sock")
+    stage = media.Stager.stage_bytes
+
+    def stage_and_log(self: media.Stager, *args: Any) -> str:
+        if not stream.frames:
+            run.log({"from_handler": wf.Histogram([1, 2]), "n": 1}, step=7)
+        return stage(self, *args)
+
+    monkeypatch.setattr(media.Stager, "stage_bytes", stage_and_log)
+    run.log({"before": 1.0, "image": wf.Image(np.zeros((4, 4, 3), dtype=np.uint8))}, step=3)
+    handlers, outer = stream.records()
+    assert handlers["n"] == 1 and isinstance(handlers["from_handler"], MediaRef)
+    assert outer["before"] == 1.0 and outer["image"].desc["k"] == "file"
+    assert os.listdir(tmp_path / "media") == [outer["image"].desc["f"]]

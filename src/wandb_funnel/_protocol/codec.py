@@ -229,9 +229,12 @@ def encode_record(
     data: Any,
     max_record_bytes: int,
     default: Callable[[Any], Any] | None = None,
+    packer: msgpack.Packer | None = None,
 ) -> bytes:
-    """Validate and pack one ``log()`` record; raises TypeError/ValueError naming the key at
-    fault. ``default`` packs what msgpack cannot (media values, as ``MEDIA_EXT``)."""
+    """Validate and pack one ``log()`` record, in one pass; raises TypeError/ValueError naming
+    the key at fault. ``default`` packs what msgpack cannot (media values, as ``MEDIA_EXT``);
+    ``packer``, a ``msgpack.Packer(default=default, use_bin_type=True)`` the caller keeps per
+    thread (without it, one is made for the call)."""
     # Checked here too, not only in check_step: an implicit step can reach 2**63 (after
     # log(step=2**63-1, commit=True)), which msgpack packs but the decoder refuses.
     if not 0 <= step <= MAX_STEP:
@@ -243,9 +246,10 @@ def encode_record(
                 break
     else:
         data = check_data(data)
-    packer = getattr(_local, "packer", None)
-    if default is not None:
-        packer = msgpack.Packer(default=default, use_bin_type=True)
+    if packer is None:
+        packer = getattr(_local, "packer", None)
+        if default is not None:
+            packer = msgpack.Packer(default=default, use_bin_type=True)
     try:
         packed: bytes = packer.pack((step, committed, data))  # type: ignore[union-attr]
     except Exception as exc:  # no packer yet on this thread (AttributeError), or data it refuses

@@ -399,6 +399,62 @@ class Encoding:
         self.staged, self.blobs = [], []
 
 
+class RecordPacker:
+    """One thread's packer of one Run's records: a record is encoded in one pass, its media
+    included. The packer's default (``hook``) makes numpy scalars and 0-d tensors numbers, and
+    from a record's first media value on stages each one and packs its descriptor (an
+    ``Encoding``, left in ``pending`` for the caller: its blobs to send, or its files to roll
+    back). A record without media pays nothing for it."""
+
+    __slots__ = ("_spare", "_stager", "hook", "packer", "pending")
+
+    def __init__(self, stager: Callable[[], Stager]) -> None:
+        self._stager = stager
+        self.hook = self.default  # bound once: log() passes it on every call
+        self.packer = msgpack.Packer(default=self.hook, use_bin_type=True)
+        self._spare: msgpack.Packer | None = None
+        self.pending: Encoding | None = None  # the staging of the record being packed
+
+    def default(self, value: Any) -> Any:
+        """msgpack's ``default`` for a record (the same bytes as ``Encoding.default``)."""
+        try:
+            return codec.scalar_item(value)
+        except TypeError:
+            if not is_media(value):
+                raise  # not a number either: the caller names the key
+        enc = self.pending
+        if enc is None:
+            enc = self.pending = self._stager().encoding()
+        # Staging runs Python code, where a signal handler may run and log: that record gets a
+        # packer and an encoding of its own, never this record's half-packed buffer.
+        packer, spare = self.packer, self._spare
+        if spare is None:
+            spare = msgpack.Packer(default=self.hook, use_bin_type=True)
+        self.packer, self._spare, self.pending = spare, None, None
+        try:
+            return enc.default(value)
+        finally:
+            self.packer, self._spare, self.pending = packer, spare, enc
+
+    def take(self) -> Encoding | None:
+        """The staging of the record just packed (None: it held no media), handed over."""
+        enc, self.pending = self.pending, None
+        return enc
+
+    def rollback(self) -> None:
+        """The record was refused: remove what was staged for it."""
+        enc = self.take()
+        if enc is not None:
+            enc.rollback()
+
+
+class RecordPackers(threading.local):
+    """A Run's ``RecordPacker`` for each thread that logs (``here``: this thread's)."""
+
+    def __init__(self, stager: Callable[[], Stager]) -> None:
+        self.here = RecordPacker(stager)
+
+
 class Stager:
     """Puts this process's media files where the logger takes them, by name: into the
     funnel's staging directory, or (a rank on another node) as bytes sent ahead of the

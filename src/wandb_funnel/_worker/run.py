@@ -53,6 +53,7 @@ class Run(RunInfo, RunFiles):
         self._finish_hook = on_finish
         self._stream: Stream | None = None
         self._stager: media.Stager | None = None  # this process's, made at its first media
+        self._packers = media.RecordPackers(self._media_stager)  # log()'s, per thread
         self._step = 0
         self._finished = False
         self._config = Config(self._send_config)
@@ -111,12 +112,17 @@ class Run(RunInfo, RunFiles):
             if after < current:
                 after = current
         # Encode first (it validates data): a record refused here must not move the step.
+        # One pass, media included: the packer stages them as it meets them.
+        records = self._packers.here
         try:
-            frame = codec.encode_record(at, committed, data, self._max_record_bytes)
-        except TypeError:
-            if not media.contains_media(data):
-                raise
-            frame = self._encode_with_media(at, committed, data, stream)
+            frame = codec.encode_record(
+                at, committed, data, self._max_record_bytes, records.hook, records.packer
+            )
+        except BaseException:
+            records.rollback()
+            raise
+        if records.pending is not None:
+            self._send_blobs(records, stream)
         self._step = after
         stream.push(frame)
 

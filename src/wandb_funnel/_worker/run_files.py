@@ -10,7 +10,6 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import FILES
 from wandb_funnel._worker import files, media
 from wandb_funnel._worker.run_updates import RunUpdates
@@ -24,7 +23,6 @@ class RunFiles(RunUpdates):
     """Media, artifacts and saved files of ``wf.Run`` (a base of it; ``Run`` holds the state)."""
 
     _stager: media.Stager | None
-    _max_record_bytes: int
 
     if TYPE_CHECKING:
 
@@ -42,21 +40,14 @@ class RunFiles(RunUpdates):
             )
         return stager
 
-    def _encode_with_media(
-        self, step: int, committed: bool, data: dict[str, Any], stream: Stream
-    ) -> bytes:
-        """A record holding media: files staged, descriptors packed (``_worker/media.py``).
-        From another node the files' bytes are sent now, once the record is good, ahead of
-        it: a file that does not fit the queue is then missing at the logger (counted)."""
-        enc = self._media_stager().encoding()
-        try:
-            frame = codec.encode_record(step, committed, data, self._max_record_bytes, enc.default)
-        except BaseException:
-            enc.rollback()
-            raise
-        for name, blob in enc.blobs:
-            stream.send_blob(name, blob)
-        return frame
+    def _send_blobs(self, records: media.RecordPacker, stream: Stream) -> None:
+        """From another node, the files' bytes of a record just packed are sent now, once the
+        record is good, ahead of it: a file that does not fit the queue is then missing at
+        the logger (counted)."""
+        enc = records.take()
+        if enc is not None:
+            for name, blob in enc.blobs:
+                stream.send_blob(name, blob)
 
     def log_artifact(
         self,
