@@ -30,6 +30,12 @@ GATE: frozenset[str] = frozenset(
         "online/test_funnel_online.py::test_a_server_that_never_answers_costs_no_rank_any_time_and_no_row",
         # testing.capture_run, as a user's test runs it
         "processes/test_capture.py::test_a_users_test_gets_every_row_without_wandb",
+        # examples/: the ways in as a user runs them (wandb-funnel run on an unmodified
+        # script, install(), capture_run in a user's pytest file: 5-15 s each; Lightning's
+        # FunnelLogger, 15-35 s: the full tier)
+        "processes/test_examples.py::test_an_unmodified_script_under_wandb_funnel_run_makes_one_run",
+        "processes/test_examples.py::test_install_in_a_script_that_spawns_its_ranks_makes_one_run",
+        "processes/test_examples.py::test_a_users_capture_run_test_passes_and_catches_a_wrong_key",
         # console (output_raw) and system metrics (stats, each rank's, sampled in the same job),
         # against plain wandb (a job where only rank 0 calls wandb: full tier; its ordering
         # rule is test_ordering's; ranks busy while sampled: full tier)
