@@ -15,7 +15,8 @@ import warnings
 import pytest
 
 from wandb_funnel._constants import BATCH_RECORDS
-from wandb_funnel._logger.receiver import Attached, Ended, Receiver, Records
+from wandb_funnel._logger.events import Attached, Ended, Records
+from wandb_funnel._logger.receiver import Receiver
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import RecordBatch
 from wandb_funnel._protocol.sockets import LoggerSocket, private_ipc_endpoint, remove_ipc_dir

@@ -11,6 +11,7 @@ safe on disk and what is not, leaves the accounting for the owner and exits the 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -19,14 +20,23 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from wandb_funnel import _private_dir
-from wandb_funnel._constants import EXIT_SIGINT, EXIT_SIGTERM
+from wandb_funnel._constants import (
+    EXIT_OWNER_LOST,
+    EXIT_RANK_DIED,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    LOGGER_TICK,
+)
 from wandb_funnel._deadline import Deadline
-from wandb_funnel._logger.receiver import log_to_stderr
+from wandb_funnel._logger.say import log_to_stderr
 from wandb_funnel._outcomes import LoggerExit
 
 if TYPE_CHECKING:
     from wandb_funnel._logger.close_request import CloseRequests
+    from wandb_funnel._logger.ledger import Ledger
+    from wandb_funnel._logger.receiver import Receiver
     from wandb_funnel._logger.run_writer import RunWriter
+    from wandb_funnel._logger.runs import Runs
 
 SIGNAL_BUDGET = 5.0  # seconds to finish when the logger itself is signalled
 # Of the close budget, this much is kept for the summary and wandb's finish: rows that do not
@@ -50,6 +60,37 @@ class Close:
         self.write_deadline: float | None = None  # rows stop; the summary and finish go on
         self._watchdog_lock = threading.Lock()
         self._watchdog_armed = False
+        self.watching = False  # signals taken, the owner watched
+        self.supervised = True  # the owner is alive: it restarts a logger that exits
+        self.orphaned = False  # the owner is gone: serve the ranks until they all end
+
+    def watch(self, owner_pid: int) -> None:
+        """Take SIGTERM and SIGINT as closes, and watch the owner on a thread of its own
+        (the main thread may be stuck inside wandb when the owner dies, and then nobody else
+        would ever end this process). Once."""
+        if self.watching:
+            return
+        self.watching = True
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        threading.Thread(
+            target=self._watch_owner, args=(owner_pid,), name="wandb-funnel-owner", daemon=True
+        ).start()
+
+    def _watch_owner(self, owner_pid: int) -> None:
+        while os.getppid() == owner_pid:
+            time.sleep(LOGGER_TICK)
+        self.supervised = False
+        if self.requests.first() is not None:
+            return  # closing already: the close has its watchdog
+        # The ranks may live on (spawned workers run after their parent's SIGKILL; torchrun
+        # stops the others on its own): their records are still written, until every rank
+        # has finished or is gone. Then the run ends, with the owner's failure as its code.
+        log_to_stderr(
+            f"the owner (pid {owner_pid}) is gone without closing; the run goes on until "
+            f"every rank has finished or died, then ends as failed (exit code {EXIT_OWNER_LOST})"
+        )
+        self.orphaned = True
 
     @property
     def begun(self) -> bool:
@@ -115,6 +156,41 @@ class Close:
         if close is None or not self.past_write_deadline():
             return
         log_to_stderr(f"closing: {step} at {close.elapsed():.2f}s of a {close.budget:.1f}s budget")
+
+
+def finish_runs(
+    runs: Runs,
+    ledger: Ledger,
+    close: Close,
+    exit_code: int,
+    active: set[int],
+    receiver: Receiver,
+    progress: Callable[[int], None],
+) -> None:
+    """Finish every run: its buffered rows (until the write deadline), its accounting (the
+    ledger's), its exit code. In run_mode="new", a rank still unfinished at close did not
+    finish in time: its run ends failed."""
+    shared = ledger.shared(runs, close.why)
+    # Records the receiver dropped belong to the one run, unless there is a run per rank.
+    elsewhere = receiver.dropped if runs.per_rank is None else 0
+    for key, writer in list(runs.writers.items()):
+        if not receiver.footer and writer.sink is not None:
+            writer.sink.without_footer()  # the program never called finish(): none
+        unfinished = key is not None and key in active
+        code = close.exit_code or EXIT_RANK_DIED if unfinished else exit_code
+        writer.finish(
+            code,
+            functools.partial(_accounting, ledger, shared, elsewhere, key is None),
+            close.write_deadline,
+            close.step,
+            progress,
+        )
+
+
+def _accounting(
+    ledger: Ledger, shared: dict[str, Any], elsewhere: int, main: bool, writer: RunWriter
+) -> dict[str, Any]:
+    return ledger.for_run(writer, shared, elsewhere, main)
 
 
 def give_up(

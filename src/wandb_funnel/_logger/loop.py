@@ -11,11 +11,7 @@ sending, writes every buffered row, records the accounting and finishes the run.
 
 from __future__ import annotations
 
-import functools
-import os
 import queue
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,21 +27,14 @@ from wandb_funnel._constants import (
 from wandb_funnel._logger import closing, ledger
 from wandb_funnel._logger.closing import Close
 from wandb_funnel._logger.continuity import Continuation
+from wandb_funnel._logger.events import Attached, Ended, Event, Records, Update
 from wandb_funnel._logger.journal import Journal
 from wandb_funnel._logger.ledger import Ledger
 from wandb_funnel._logger.media import count_media
 from wandb_funnel._logger.monitor import Monitor
-from wandb_funnel._logger.receiver import (
-    Attached,
-    Ended,
-    Event,
-    Receiver,
-    Records,
-    Update,
-    log_to_stderr,
-)
-from wandb_funnel._logger.run_writer import RunWriter
+from wandb_funnel._logger.receiver import Receiver
 from wandb_funnel._logger.runs import Runs, SinkLostError
+from wandb_funnel._logger.say import log_to_stderr
 from wandb_funnel._outcomes import LoggerResult, Outcome
 from wandb_funnel._protocol.messages import LoggerStart, UpdateKind
 from wandb_funnel.sinks import Opening, Sink
@@ -99,9 +88,6 @@ class Logger:
         self._expected_ranks = start.topology.expected_ranks
         if self.runs.per_rank is not None:
             receiver.run_info = {}  # no one run to tell the ranks about
-        self._supervised = True  # the owner is alive: it restarts a logger that exits
-        self._orphaned = False  # the owner is gone: serve the ranks until they all end
-        self._watching = False
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._ended_ranks: set[int] = set()  # ranks that finished or are gone
         self.final_stats: dict[str, Any] | None = None
@@ -133,9 +119,9 @@ class Logger:
         self._write_state()
 
     def _open_failed(self, exc: Exception) -> None:
-        if not self._watching:
+        if not self.close.watching:
             raise exc  # at start, in the foreground: the owner's start raises it
-        if self._supervised and self.close.requests.first() is None:
+        if self.close.supervised and self.close.requests.first() is None:
             # In the background (online), wandb-core died or wandb failed under us: the
             # owner starts a new logger, which opens the run again (bounded restarts).
             log_to_stderr(f"could not open the run: {type(exc).__name__}: {exc}; exiting")
@@ -163,29 +149,7 @@ class Logger:
     def watch(self) -> None:
         """Take signals and watch the owner from now on: a close may come while the run is
         still opening (``open_run`` stops waiting for the network then)."""
-        if self._watching:
-            return
-        self._watching = True
-        signal.signal(signal.SIGTERM, self.close.on_signal)
-        signal.signal(signal.SIGINT, self.close.on_signal)
-        threading.Thread(target=self._watch_owner, name="wandb-funnel-owner", daemon=True).start()
-
-    def _watch_owner(self) -> None:
-        """On its own thread: the main thread may be stuck inside wandb when the owner dies,
-        and then nobody else would ever end this process."""
-        while os.getppid() == self._owner_pid:
-            time.sleep(LOGGER_TICK)
-        self._supervised = False
-        if self.close.requests.first() is not None:
-            return  # closing already: the close has its watchdog
-        # The ranks may live on (spawned workers run after their parent's SIGKILL; torchrun
-        # stops the others on its own): their records are still written, until every rank
-        # has finished or is gone. Then the run ends, with the owner's failure as its code.
-        log_to_stderr(
-            f"the owner (pid {self._owner_pid}) is gone without closing; the run goes on until "
-            f"every rank has finished or died, then ends as failed (exit code {EXIT_OWNER_LOST})"
-        )
-        self._orphaned = True
+        self.close.watch(self._owner_pid)
 
     # -- the loop ------------------------------------------------------------------------------
     def serve(self) -> LoggerResult:
@@ -213,7 +177,7 @@ class Logger:
             # is not given up for a restart: the job is ending, and a new logger would not
             # start within a scheduler's grace.
             if (
-                self._supervised
+                self.close.supervised
                 and not self.close.begun
                 and self.close.requests.first() is None
                 and self.runs.sink_lost()
@@ -223,7 +187,7 @@ class Logger:
                     "continues the run (the ranks resend what was not saved)"
                 )
                 return LoggerResult(Outcome.RESTART, 0)
-            if self._orphaned and not self.close.begun and not self._receiver.unfinished():
+            if self.close.orphaned and not self.close.begun and not self._receiver.unfinished():
                 self.close.requests.ask(EXIT_OWNER_LOST, None, "owner lost")
             # One close path: the owner's CLOSE, a signal, the owner lost and the receiver's
             # death each ask (close_request.py); the first asked is the close.
@@ -362,11 +326,6 @@ class Logger:
         said = [closing.what_is_safe(w, budget, stats, info) for w in self.runs]
         closing.give_up(self._dir, self._owner_pid, stats, said)
 
-    def _accounting(
-        self, shared: dict[str, Any], elsewhere: int, main: bool, writer: RunWriter
-    ) -> dict[str, Any]:
-        return self.ledger.for_run(writer, shared, elsewhere, main)
-
     def teardown_budget(self) -> float:
         return self.close.teardown_budget()
 
@@ -384,33 +343,19 @@ class Logger:
                 f"records it sends from now on are lost"
             )
         exit_code = run_exit_code(close.exit_code, list(self.ledger.failed.values()))
-        shared = self.ledger.shared(self.runs, close.why)
-        # Records the receiver dropped belong to the one run, unless there is a run per rank.
-        elsewhere = self._receiver.dropped if self.runs.per_rank is None else 0
-        for key, writer in list(self.runs.writers.items()):
-            if not self._receiver.footer and writer.sink is not None:
-                writer.sink.without_footer()  # the program never called finish(): none
-            # run_mode="new": a rank still unfinished at close did not finish in time.
-            unfinished = key is not None and key in self._active
-            code = close.exit_code or EXIT_RANK_DIED if unfinished else exit_code
-            writer.finish(
-                code,
-                functools.partial(self._accounting, shared, elsewhere, key is None),
-                close.write_deadline,
-                close.step,
-                self._progress,
-            )
-        stats = self.ledger.funnel(self.runs)
+        closing.finish_runs(
+            self.runs, self.ledger, close, exit_code, self._active, self._receiver, self._progress
+        )
+        self.final_stats = stats = self.ledger.funnel(self.runs)
         stats["_funnel/exit_reason"] = close.why
         # wandb's footer leaves _funnel/* out (sinks/wandb/run.py): what went wrong is said
         # here, in one line, and stays in the run's summary under its _funnel/* keys.
         line = ledger.losses(stats)
         if line is not None:
             log_to_stderr(line)
-        self.final_stats = stats
-        main_writer = self.runs.main
+        main = self.runs.main
         online = not bool((self._receiver.run_info or {}).get("offline", True))
-        advice = self.journal.sync_advice(main_writer.sink if main_writer else None, online)
+        advice = self.journal.sync_advice(main.sink if main else None, online)
         if advice is not None:
             log_to_stderr(advice)
         return exit_code

@@ -22,8 +22,9 @@ from wandb_funnel._constants import BATCH_BYTES, ENV_WARM
 from wandb_funnel._logger import continuity
 from wandb_funnel._logger.continuity import Continuation
 from wandb_funnel._logger.loop import Logger
-from wandb_funnel._logger.receiver import Receiver, log_to_stderr
+from wandb_funnel._logger.receiver import Receiver
 from wandb_funnel._logger.runs import SinkLostError
+from wandb_funnel._logger.say import log_to_stderr
 from wandb_funnel._outcomes import LoggerExit, Outcome
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Done, LoggerStart

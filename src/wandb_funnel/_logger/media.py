@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from wandb_funnel._logger.receiver import log_to_stderr
+from wandb_funnel._logger.say import log_to_stderr
 from wandb_funnel._protocol.messages import MediaRef
 from wandb_funnel.sinks.refs import CONTAINERS, STAGED, BadMediaError
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wandb_funnel import _private_dir
 from wandb_funnel._logger.health import Health
-from wandb_funnel._logger.receiver import log_to_stderr
+from wandb_funnel._logger.say import log_to_stderr
 
 if TYPE_CHECKING:
     from wandb_funnel._deadline import Deadline

@@ -14,16 +14,16 @@ from __future__ import annotations
 import os
 import queue
 import socket
-import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from wandb_funnel._constants import BATCH_RECORDS, EXIT_OWNER_LOST, REMOTE_SILENCE
+from wandb_funnel._constants import BATCH_RECORDS, EXIT_OWNER_LOST
 from wandb_funnel._logger.blobs import BlobWriter
 from wandb_funnel._logger.close_request import CloseRequests
-from wandb_funnel._pid import pid_alive
+from wandb_funnel._logger.events import Attached, Ended, Event, Records, Update
+from wandb_funnel._logger.say import Drops, log_to_stderr
+from wandb_funnel._logger.streams import Peer, Streams
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import (
     Ack,
@@ -34,7 +34,6 @@ from wandb_funnel._protocol.messages import (
     Record,
     RecordBatch,
     Saved,
-    UpdateKind,
     Welcome,
 )
 from wandb_funnel._protocol.messages import Update as UpdateMessage
@@ -45,74 +44,8 @@ _TICK = 0.05  # seconds between checks when the socket is quiet
 # it sees it empty every _TICK; keeping up, after every few hundred frames.)
 _DRAINED_WITHIN = 0.25
 _LIVENESS_PERIOD = 0.25  # seconds between checks that ranks still live
-# A rank whose pid is dead is declared gone only once the socket was found empty at least
-# this long after its last frame: a rank that exited right after a burst may have thousands
-# of frames still queued, and a backlog is not a death.
-_GONE_QUIET = 1.0
 _DROP_REPORT_PERIOD = 5.0  # seconds between log lines about drops with the same cause
 _REHELLO_PERIOD = 0.5  # a stranger's frames get one REHELLO per this many seconds
-
-
-def log_to_stderr(message: str) -> None:
-    """One line on the logger's stderr (the owner's terminal), prefixed with who says it."""
-    try:
-        print(f"wandb-funnel logger: {message}", file=sys.stderr, flush=True)
-    except (OSError, ValueError):
-        # stderr is a pipe whose reader is gone (`| tee` hit by Ctrl-C) or closed: a message
-        # must never cost the run its summary and finish.
-        pass
-
-
-# ---- events for the writer -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Attached:
-    rank: int
-    pid: int = 0  # the rank's process (the owner's pid tells the owner's rank)
-
-
-@dataclass(frozen=True, slots=True)
-class Records:
-    rank: int
-    records: list[Record]
-    end_seq: int = 0  # one past the batch's last sequence number
-    replayed: bool = False  # resent to this (restarted) logger: the run may have some
-
-
-@dataclass(frozen=True, slots=True)
-class Update:
-    rank: int
-    kind: UpdateKind
-    data: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    """A rank finished (said goodbye, with its exit code) or is gone (died)."""
-
-    rank: int
-    gone: bool
-    exit_code: int = 0
-
-
-Event = Attached | Records | Update | Ended
-
-
-@dataclass(slots=True)
-class _Peer:
-    """What the receiver knows of one stream (one rank of one process)."""
-
-    rank: int
-    pid: int
-    host: str
-    pid_start: int | None
-    last_seen: float
-    next_seq: int = 0
-    received: int = 0
-    ended: bool = False
-    skip_below: int = 0  # resent records below this are in the run already (a restart)
-    replay_until: int = 0  # records below this were resent to this logger
-    dropped: int = 0  # this stream's records counted as dropped
-    gone: bool = False  # died without a goodbye
 
 
 class Receiver(threading.Thread):
@@ -137,20 +70,16 @@ class Receiver(threading.Thread):
         self._max_frame = max_frame
         self.blobs = BlobWriter(staging)  # media bytes from ranks on other nodes
         self._host = socket.gethostname()
-        self._peers: dict[bytes, _Peer] = {}
-        self._used_ranks: set[int] = set(used_ranks or ())
-        # A restarted logger (generation > 0): every rank's records below saved[rank] are in
-        # the run already; streams it does not know are asked to say hello again.
+        self.streams = Streams(first_auto_rank, saved, used_ranks)
+        self._peers = self.streams.peers
+        # A restarted logger (generation > 0): streams it does not know are asked to say
+        # hello again.
         self._generation = generation
-        self._saved_before = dict(saved or {})
         self._asked: dict[bytes, float] = {}  # strangers asked to say hello again, and when
         self.stale_frames = 0  # frames of streams the dead logger knew, before their hello
         self.replayed = 0  # records resent to this logger after a restart
         self._saved_lock = threading.Lock()
         self._saved_to_send: dict[int, int] = {}  # rank -> Saved point not yet told
-        # Ranks the logger assigns start here: 1 after the owner's 0, or the world size in a
-        # launched job, so a DataLoader worker never takes a rank a launcher rank will claim.
-        self._next_rank = first_auto_rank
         self._caught_up_at = 0.0
         self._stopping = threading.Event()
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -163,12 +92,11 @@ class Receiver(threading.Thread):
         # records the writer would see it only after writing them all, past its deadline.
         self.close_requests = close_requests if close_requests is not None else CloseRequests()
         # Accounting (read by the writer once this thread has stopped).
-        self.dropped = 0
+        self.drops = Drops()  # records counted as dropped, said by cause
         self.junk_frames = 0
         self.rejected_peers = 0
         self.auth_failures = 0  # TCP peers refused by the CURVE handshake
         self.dead_ranks: list[int] = []
-        self._unreported: dict[str, int] = {}  # drops not yet logged, by cause
         self.failure: BaseException | None = None
         # What the open run says about itself, for the ranks' Welcome: set once (one
         # assignment, atomic) by the writer when the run is open; None until then.
@@ -208,43 +136,33 @@ class Receiver(threading.Thread):
         self.join(timeout)
 
     @property
+    def dropped(self) -> int:
+        return self.drops.total
+
+    @property
     def ranks(self) -> int:
         return len(self._peers)
 
     def received(self) -> int:
         """Records taken in from every stream so far (safe from another thread)."""
-        return sum(p.received for p in list(self._peers.values()))
+        return self.streams.received()
 
     def everything_saved(self) -> list[tuple[bytes, bytes]]:
         """A ``Saved`` for every stream up to what it sent (once the run is finished)."""
-        return [
-            (identity, codec.encode_saved(Saved(peer.next_seq)))
-            for identity, peer in list(self._peers.items())
-        ]
+        return [(i, codec.encode_saved(Saved(p.next_seq))) for i, p in self.streams.items()]
 
     def used_ranks(self) -> set[int]:
         """Every rank handed out so far (safe from another thread)."""
-        return set(self._used_ranks)
+        return set(self.streams.used_ranks)
 
     def peers(self) -> list[dict[str, Any]]:
         """Every stream as plain data (for ``wandb-funnel status``; safe from another
         thread: a snapshot of counters)."""
-        return [
-            {
-                "rank": p.rank,
-                "pid": p.pid,
-                "host": p.host,
-                "ended": p.ended,
-                "gone": p.gone,
-                "dropped": p.dropped,
-                "received": p.received,
-            }
-            for p in list(self._peers.values())
-        ]
+        return self.streams.snapshot()
 
     def unfinished(self) -> list[tuple[int, int]]:
         """(rank, pid) of every stream that has neither said goodbye nor died."""
-        return [(p.rank, p.pid) for p in list(self._peers.values()) if not p.ended]
+        return self.streams.unfinished()
 
     # -- the thread ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -269,10 +187,10 @@ class Receiver(threading.Thread):
                 self._check_liveness()
             if now >= next_report:
                 next_report = now + _DROP_REPORT_PERIOD
-                self._report_drops()
+                self.drops.report()
             self._send_saved()
         self._drain(1_000_000)  # what is already queued, bounded by HWMs
-        self._report_drops()
+        self.drops.report()
 
     def _drain(self, limit: int) -> bool:
         """Take up to ``limit`` frames; True when the socket ran empty."""
@@ -363,84 +281,42 @@ class Receiver(threading.Thread):
         if hello.token != self._token:
             self.rejected_peers += 1
             return
-        peer = self._peers.get(identity)
-        resume = hello.resume
-        if peer is None:
-            rank = hello.requested_rank
-            # A stream coming back to a restarted logger keeps the rank it had.
-            taken = rank in self._used_ranks and (resume is None or self._rank_live(rank))
-            if rank is None or taken:
-                while self._next_rank in self._used_ranks:
-                    self._next_rank += 1
-                rank = self._next_rank
-            self._used_ranks.add(rank)
-            peer = self._peers[identity] = _Peer(
-                rank, hello.pid, hello.host, hello.pid_start, time.monotonic()
-            )
+        peer, new, lost = self.streams.hello(identity, hello, time.monotonic())
+        if new:
             self._asked.pop(identity, None)
-            if resume is not None:
-                self._resumed(peer, resume)
-                if os.environ.get("WANDB_FUNNEL_DEBUG_RESTART"):
-                    log_to_stderr(f"DEBUG resumed {identity!r} rank {rank} {resume}")
-            self.events.put(Attached(rank, hello.pid))
-        elif resume is not None:  # asked twice: the second resend repeats the first
-            peer.replay_until = max(peer.replay_until, resume[1])
+            if lost:
+                self._drop(
+                    lost, "a rank's replay buffer was full when the logger was restarted", peer.rank
+                )
+            if hello.resume is not None and os.environ.get("WANDB_FUNNEL_DEBUG_RESTART"):
+                log_to_stderr(f"DEBUG resumed {identity!r} rank {peer.rank} {hello.resume}")
+            self.events.put(Attached(peer.rank, hello.pid))
         welcome = Welcome(peer.rank, self.run_info, os.getpid())
         self._sock.reply(identity, codec.encode_welcome(welcome))
 
-    def _rank_live(self, rank: int) -> bool:
-        return any(p.rank == rank and not p.ended for p in self._peers.values())
-
-    def _resumed(self, peer: _Peer, resume: tuple[int, int]) -> None:
-        """A stream the dead logger knew resends ``[first, until)``: records below what the
-        run already has are skipped (received, not written again); records it could no
-        longer resend (its replay buffer was full) are counted as dropped."""
-        first, until = resume
-        saved = self._saved_before.get(peer.rank, 0)
-        peer.next_seq = first
-        peer.skip_below = saved
-        peer.replay_until = until
-        if first > saved:
-            peer.dropped += first - saved
-            self._drop(
-                first - saved,
-                "a rank's replay buffer was full when the logger was restarted",
-                peer.rank,
-            )
-        # What the run already holds counts as received: the rank's own tally must match.
-        peer.received = min(saved, until)
-
     def _records(
-        self, peer: _Peer, first_seq: int, count: int, records: list[Record] | None
+        self, peer: Peer, first_seq: int, count: int, records: list[Record] | None
     ) -> None:
         """Number a batch of ``count`` records; ``records`` None: skipped for want of room."""
-        if first_seq < peer.next_seq:
-            if first_seq >= peer.replay_until:
-                self.junk_frames += 1  # a replay of numbers already seen
-            return  # (or a second resend of a batch this logger has: nothing new)
-        end = first_seq + count
-        if peer.skip_below > first_seq:  # resent, and the run has these already
-            skip = min(count, peer.skip_below - first_seq)
-            if records is not None:
-                records = records[skip:]
-            first_seq, count = first_seq + skip, count - skip
-            peer.next_seq = max(peer.next_seq, first_seq)
-        if first_seq > peer.next_seq:  # the worker dropped (and counted) these
-            peer.dropped += first_seq - peer.next_seq
-            self._drop(first_seq - peer.next_seq, "a worker's queue was full", peer.rank)
-        peer.next_seq = end
+        taken = self.streams.number(peer, first_seq, count)
+        if not taken.new:
+            self.junk_frames += taken.junk  # (or a second resend of a batch this logger has)
+            return
+        if taken.gap:
+            self._drop(taken.gap, "a worker's queue was full", peer.rank)
+        count -= taken.skip
         if not count:
-            return  # a heartbeat
+            return  # a heartbeat, or a batch the run has already
         if records is None or not self._reserve(count):
             peer.dropped += count
             self._drop(count, "the logger's queue is full: wandb is slower than the workers")
-            self.events.put(Records(peer.rank, [], end))  # its numbers are done with
+            self.events.put(Records(peer.rank, [], taken.end))  # its numbers are done with
             return
         peer.received += count
-        replayed = first_seq < peer.replay_until
-        if replayed:
+        if taken.replayed:
             self.replayed += count
-        self.events.put(Records(peer.rank, records, end, replayed))
+        records = records[taken.skip :] if taken.skip else records
+        self.events.put(Records(peer.rank, records, taken.end, taken.replayed))
 
     def _reserve(self, count: int) -> bool:
         """Take room for ``count`` records; False when the writer is that far behind."""
@@ -450,47 +326,23 @@ class Receiver(threading.Thread):
             self._queued += count
         return True
 
-    def _end(self, peer: _Peer, gone: bool, exit_code: int = 0) -> None:
+    def _end(self, peer: Peer, gone: bool, exit_code: int = 0) -> None:
         if not peer.ended:
             peer.ended = True
             self.events.put(Ended(peer.rank, gone, exit_code))
 
     def _drop(self, count: int, why: str, rank: int | None = None) -> None:
-        """Count a drop; said at once the first time for ``why``, then in periodic totals (a
-        writer far behind drops every batch, and 1,024 ranks may each drop: a line each
-        would flood stderr). The logger's last line gives the run's total."""
-        self.dropped += count
-        if why not in self._unreported:
-            of_rank = f"rank {rank}: " if rank is not None else ""
-            log_to_stderr(f"{count} records dropped ({of_rank}{why})")
-            self._unreported[why] = 0
-        else:
-            self._unreported[why] += count
-
-    def _report_drops(self) -> None:
-        for why, count in self._unreported.items():
-            if count:
-                log_to_stderr(f"{count} more records dropped ({why})")
-                self._unreported[why] = 0
+        self.drops.count(count, why, rank)
 
     def _check_liveness(self) -> None:
         refused = self._sock.handshake_failures()
         if refused:
             self.auth_failures += refused
             log_to_stderr(f"refused {refused} connection(s) without the job's keys")
-        for peer in list(self._peers.values()):
-            if peer.ended:
-                continue
-            quiet = self._caught_up_at - peer.last_seen
-            if peer.host == self._host:
-                gone = quiet >= _GONE_QUIET and not pid_alive(peer.pid, peer.pid_start)
-            else:  # its pid means nothing here: its heartbeats stopped
-                gone = quiet >= REMOTE_SILENCE
-            if gone:
-                peer.gone = True
-                self.dead_ranks.append(peer.rank)
-                self._end(peer, gone=True)
-                log_to_stderr(
-                    f"rank {peer.rank} (pid {peer.pid}) died without finishing; "
-                    f"records it had not yet sent are lost"
-                )
+        for peer in self.streams.gone(self._caught_up_at, self._host):
+            self.dead_ranks.append(peer.rank)
+            self._end(peer, gone=True)
+            log_to_stderr(
+                f"rank {peer.rank} (pid {peer.pid}) died without finishing; "
+                f"records it had not yet sent are lost"
+            )

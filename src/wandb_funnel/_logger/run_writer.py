@@ -16,8 +16,8 @@ from wandb_funnel._logger.console import ConsoleLines
 from wandb_funnel._logger.journal import RunJournal
 from wandb_funnel._logger.media import MediaFiles, has_media
 from wandb_funnel._logger.ordering import Reorderer, Row
-from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
+from wandb_funnel._logger.say import log_to_stderr
 from wandb_funnel._logger.steps import TRUE_STEP_KEY, StepPlacer
 from wandb_funnel._protocol.messages import UpdateKind
 from wandb_funnel.sinks import Sink

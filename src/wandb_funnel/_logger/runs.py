@@ -12,9 +12,9 @@ from wandb_funnel import _private_dir
 from wandb_funnel._logger.journal import Journal
 from wandb_funnel._logger.media import MediaFiles
 from wandb_funnel._logger.ordering import Reorderer
-from wandb_funnel._logger.receiver import log_to_stderr
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.run_writer import RunWriter
+from wandb_funnel._logger.say import log_to_stderr
 from wandb_funnel._options import FunnelOptions
 from wandb_funnel._protocol.messages import LoggerStart
 from wandb_funnel.sinks import Opening, Sink
