@@ -87,6 +87,8 @@ GATE: frozenset[str] = frozenset(
         # steps must be written, not skipped as duplicates)
         "processes/test_restart.py::test_a_killed_logger_or_wandb_core_costs_no_step[logger]",
         "processes/test_restart.py::test_a_killed_logger_costs_no_step_on_the_recording_sink",
+        "processes/test_one_core.py::test_a_funnel_job_runs_one_wandb_core",
+        "processes/test_one_core.py::test_an_installed_job_runs_one_wandb_core",
         "processes/test_restart.py::test_the_owners_death_leaves_the_workers_steps_and_a_failed_run",
         "processes/test_restart.py::test_a_rank_far_behind_when_the_logger_dies_loses_nothing[core]",
         # rank health under torchrun (4 gloo ranks): spread names the straggler, and
