@@ -181,6 +181,30 @@ def test_junk_frames_raise_decode_error_only(frame: bytes) -> None:
         codec.decode(frame, MAX)
 
 
+def test_every_message_kind_has_one_decoder_and_an_unknown_kind_is_named() -> None:
+    """``decode`` is a table from message kind to decoder (a batch's records follow its
+    header, so RECORDS is read apart): every kind of messages.py is in it once."""
+    from wandb_funnel._protocol import messages
+
+    names = [
+        "HELLO",
+        "RECORDS",
+        "GOODBYE",
+        "CLOSE",
+        "BLOB",
+        "WELCOME",
+        "DONE",
+        "ACK",
+        "SAVED",
+        "REHELLO",
+    ]
+    kinds = [getattr(messages, name) for name in names] + list(UpdateKind)
+    assert len(set(kinds)) == len(kinds)  # no two kinds share a number
+    assert {*codec._DECODERS, messages.RECORDS} == set(kinds)
+    with pytest.raises(codec.DecodeError, match="unknown message kind 77"):
+        codec.decode(msgpack.packb([1, 77]), MAX)
+
+
 def test_frame_over_limit_is_junk() -> None:
     with pytest.raises(codec.DecodeError, match="over the"):
         codec.decode(b"x" * 100, 10)

@@ -121,40 +121,6 @@ def test_a_media_record_carries_descriptors_and_the_files_lie_staged(
     assert count_media({"x": [MediaRef({"k": "dropped", "what": "Image"}), 1.0]}) == 0
 
 
-def test_a_refused_record_takes_its_staged_files_back(tmp_path: pathlib.Path) -> None:
-    stager = _stager(tmp_path)
-    image = wf.Image(np.zeros((64, 64, 3), np.uint8))
-    with pytest.raises(ValueError, match="over max_record_bytes"):
-        _encode(stager, {"img": image, "pad": "x" * 5000}, max_record=1000)
-    assert os.listdir(tmp_path / "media") == []
-
-
-def test_an_item_over_max_media_bytes_is_refused_at_log(tmp_path: pathlib.Path) -> None:
-    stager = _stager(tmp_path, max_bytes=100)
-    with pytest.raises(ValueError, match="over max_media_bytes=100"):
-        _encode(stager, {"img": wf.Image(np.random.default_rng(0).integers(0, 255, (32, 32, 3)))})
-    assert os.listdir(tmp_path / "media") == []
-
-
-def test_past_the_in_flight_bound_media_are_dropped_and_counted(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(media, "MEDIA_INFLIGHT_BYTES", 300)
-    stager = _stager(tmp_path)
-    image = wf.Image(np.random.default_rng(0).integers(0, 255, (8, 8, 3)))  # ~250 bytes
-    first, _ = _encode(stager, {"img": image})
-    second, _ = _encode(stager, {"img": image, "loss": 1})  # the logger took nothing yet
-    assert _decode(first)["img"].desc["k"] == "file"
-    dropped = _decode(second)
-    assert dropped["img"].desc["k"] == "dropped" and dropped["loss"] == 1
-    assert "waiting for the logger" in dropped["img"].desc["why"] and stager.dropped == 1
-    for name in os.listdir(tmp_path / "media"):  # the logger takes the first one...
-        os.unlink(tmp_path / "media" / name)
-    stager._swept = 0.0  # (a sweep for taken files runs at most once a second)
-    third, _ = _encode(stager, {"img": image})  # ...and there is room again
-    assert _decode(third)["img"].desc["k"] == "file"
-
-
 def test_a_rank_on_another_node_drops_files_but_keeps_histograms_and_tables() -> None:
     assert media.staging_dir_for("tcp://10.0.0.1:5555") is None
     stager = media.Stager(None, 1 << 20, "another node")
@@ -442,50 +408,6 @@ def test_one_ref_logged_twice_is_one_wandb_object_and_a_dropped_list_item_is_jus
     )
     assert out["img"] is out["img/rank0"]
     assert len(out["list"]) == 2 and files.logged == 3 and files.dropped == 1
-
-
-def test_a_record_refused_after_staging_stages_nothing_twice_and_leaves_nothing(
-    tmp_path: pathlib.Path,
-) -> None:
-    """The packer runs again to name the bad key; the image is staged once, then removed."""
-    stager = _stager(tmp_path)
-    enc = stager.encoding()
-    with pytest.raises(TypeError, match="'bad'"):
-        codec.encode_record(
-            0,
-            True,
-            {"img": wf.Image(np.zeros((4, 4, 3), np.uint8)), "bad": object()},
-            1 << 20,
-            enc.default,
-        )
-    assert len(enc.staged) == 1
-    enc.rollback()
-    assert os.listdir(tmp_path / "media") == []
-
-
-def test_staging_from_many_threads_keeps_its_count(tmp_path: pathlib.Path) -> None:
-    import threading
-
-    stager = _stager(tmp_path)
-    image = wf.Image(np.zeros((4, 4, 3), np.uint8))
-    errors: list[BaseException] = []
-
-    def log_many() -> None:
-        try:
-            for _ in range(50):
-                _, staged = _encode(stager, {"img": image})
-                for path in staged:
-                    os.unlink(path)  # the logger took it
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=log_many) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == [] and stager.dropped == 0
-    assert stager._inflight_bytes == sum(size for size, _ in stager._inflight.values())
 
 
 def test_one_value_logged_under_two_keys_is_staged_once_and_logged_once(

@@ -3,11 +3,14 @@
 A frame is one ZeroMQ message body: a msgpack header array ``[version, kind, ...]``, followed,
 for a record batch, by the records themselves packed back to back. Records are packed once, at
 the ``log()`` call, so that bad input fails at the call site and a batch is a cheap byte join.
-Nothing here does I/O, and nothing here ever unpickles.
+Nothing here does I/O, and nothing here ever unpickles. What ``log()`` accepts is checked by
+``checks.py`` (its names importable here); ``decode`` reads a frame's header, then hands its
+fields to the decoder of its kind (``_DECODERS``).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import threading
@@ -16,6 +19,12 @@ from typing import Any, Final
 
 import msgpack
 
+# What log() accepts is checks.py's; its names stay importable here, where callers find them.
+from wandb_funnel._protocol.checks import FLAT
+from wandb_funnel._protocol.checks import MAX_NESTING as MAX_NESTING
+from wandb_funnel._protocol.checks import MAX_STEP as MAX_STEP
+from wandb_funnel._protocol.checks import check_data as check_data
+from wandb_funnel._protocol.checks import check_step as check_step
 from wandb_funnel._protocol.messages import (
     ACK,
     BLOB,
@@ -45,15 +54,8 @@ from wandb_funnel._protocol.messages import (
     Welcome,
 )
 
-MAX_STEP: Final = 2**63 - 1
 # The most records one batch frame may declare; a frame claiming more is junk.
 MAX_BATCH_RECORDS: Final = 1 << 20
-# The deepest nesting of dicts and lists log() accepts. Invariant: what log() accepts, the
-# logger's decoder accepts (a refused frame loses its whole batch). msgpack's unpacker counts
-# Python recursion, and the receiver thread starts deeper in the stack than a caller; 256 is
-# far deeper than any metrics dict and far below both limits (docs/DESIGN.md, "Wire").
-MAX_NESTING: Final = 256
-_UPDATE_KINDS: Final = frozenset(UpdateKind)
 
 
 class DecodeError(ValueError):
@@ -85,58 +87,6 @@ def _packer() -> msgpack.Packer:
     if packer is None:
         packer = _local.packer = msgpack.Packer(default=_scalar_item, use_bin_type=True)
     return packer
-
-
-_BINARY = (bytes, bytearray, memoryview)
-
-
-def _binary_error(path: str, value: Any) -> TypeError:
-    return TypeError(
-        f"wandb_funnel: cannot log {type(value).__name__} value for key {path!r}: wandb "
-        f"cannot store raw bytes (decode it to str, or log a number)"
-    )
-
-
-def _nesting_error(path: str) -> ValueError:
-    return ValueError(
-        f"wandb_funnel: value for key {path!r} is nested more than {MAX_NESTING} levels deep "
-        f"(or contains itself)"
-    )
-
-
-def _check_list(items: Any, path: str, depth: int) -> None:
-    if depth > MAX_NESTING:
-        raise _nesting_error(path)
-    for item in items:
-        if isinstance(item, _BINARY):
-            raise _binary_error(path, item)
-        if isinstance(item, Mapping):
-            _check_keys(item, path, depth + 1)
-        elif isinstance(item, (list, tuple)):
-            _check_list(item, path, depth + 1)
-
-
-def _check_keys(data: Mapping[Any, Any], path: str, depth: int = 0) -> None:
-    """Keys must be str all the way down; raw bytes are refused (msgpack would carry them,
-    but wandb cannot store them, so the row would be lost later, far from the call)."""
-    if depth > MAX_NESTING:
-        raise _nesting_error(path)
-    for key, value in data.items():
-        if type(key) is not str:
-            where = f" in {path!r}" if path else ""
-            raise TypeError(
-                f"wandb_funnel: keys must be str, got {type(key).__name__} key {key!r}{where}"
-            )
-        kind = type(value)
-        if kind in (int, float, str, bool) or value is None:
-            continue  # the common case, checked first
-        full = f"{path}.{key}" if path else key
-        if isinstance(value, Mapping):
-            _check_keys(value, full, depth + 1)
-        elif isinstance(value, (list, tuple)):
-            _check_list(value, full, depth + 1)
-        elif isinstance(value, _BINARY):
-            raise _binary_error(full, value)
 
 
 def _find_unencodable(
@@ -184,45 +134,6 @@ def _pack_checked(
         ) from exc
 
 
-_FLAT = frozenset({int, float, str, bool, type(None)})
-
-
-def check_data(data: Any, what: str = "log data") -> dict[str, Any]:
-    """Validate a user dict at the call site and return it as a plain dict."""
-    if type(data) is dict:
-        # The hot path: a flat dict of str keys and plain scalars needs no walk (one log()
-        # of 3 scalars spent most of its 6 us here).
-        for key, value in data.items():
-            if type(key) is not str or type(value) not in _FLAT:
-                break
-        else:
-            return data
-    if not isinstance(data, Mapping):
-        raise TypeError(f"wandb_funnel: {what} must be a dict, got {type(data).__name__}")
-    try:
-        _check_keys(data, "")
-    except RecursionError:
-        # A dict or list that contains itself, or nesting deeper than the interpreter's
-        # recursion limit: RecursionError escaped log() before (a RuntimeError, not the
-        # documented TypeError/ValueError).
-        raise ValueError(
-            f"wandb_funnel: {what} is nested too deeply (or contains itself)"
-        ) from None
-    return data if type(data) is dict else dict(data)
-
-
-def check_step(step: Any) -> int:
-    """Validate an explicit ``step=`` argument: a non-negative int that fits in 63 bits."""
-    if type(step) is int and 0 <= step <= MAX_STEP:
-        return step  # the hot path
-    if isinstance(step, bool) or not hasattr(step, "__index__"):
-        raise TypeError(f"wandb_funnel: step must be an int, got {type(step).__name__} {step!r}")
-    value = step.__index__()
-    if value < 0 or value > MAX_STEP:
-        raise ValueError(f"wandb_funnel: step must be between 0 and 2**63-1, got {value!r}")
-    return int(value)
-
-
 def encode_record(
     step: int,
     committed: bool,
@@ -241,7 +152,7 @@ def encode_record(
         raise ValueError(f"wandb_funnel: step must be between 0 and 2**63-1, got {step!r}")
     if type(data) is dict:  # check_data's fast path, inline: a function call costs 0.1 us
         for key, value in data.items():
-            if type(key) is not str or type(value) not in _FLAT:
+            if type(key) is not str or type(value) not in FLAT:
                 data = check_data(data)
                 break
     else:
@@ -414,6 +325,112 @@ def _decode_ext(code: int, payload: bytes) -> MediaRef:
     return MediaRef(desc)
 
 
+def _records(body: list[Any], unpacker: msgpack.Unpacker, frame: bytes) -> RecordBatch:
+    _want(len(body) == 2, "records header needs first_seq and count")
+    first_seq, count = body
+    _want(_is_int(first_seq) and first_seq >= 0, "first_seq is not a count")
+    _want(_is_int(count) and 0 <= count <= MAX_BATCH_RECORDS, "bad record count")
+    # Unpacked by the C iterator; a count larger than the frame holds just stops early.
+    records = list(itertools.islice(unpacker, count))
+    _want(len(records) == count, "fewer records than the header declares")
+    _check_records(records)
+    _want(unpacker.tell() == len(frame), "trailing bytes after the records")
+    return RecordBatch(first_seq, records)
+
+
+def _hello(body: list[Any]) -> Hello:
+    _want(len(body) == 6, "hello needs 6 fields")
+    token, pid, host, rank, pid_start, resume = body
+    _want(type(token) is str and _is_int(pid) and type(host) is str, "bad hello fields")
+    _want(rank is None or (_is_int(rank) and 0 <= rank <= MAX_STEP), "bad hello rank")
+    _want(pid_start is None or _is_int(pid_start), "bad hello start time")
+    _want(
+        resume is None
+        or (
+            type(resume) is list
+            and len(resume) == 2
+            and all(_is_int(n) and 0 <= n <= MAX_STEP for n in resume)
+            and resume[0] <= resume[1]
+        ),
+        "bad hello resume range",
+    )
+    return Hello(token, pid, host, rank, pid_start, None if resume is None else tuple(resume))
+
+
+def _update(kind: UpdateKind, body: list[Any]) -> Update:
+    _want(len(body) == 1 and type(body[0]) is dict, "update is not a map")
+    _want(all(type(k) is str for k in body[0]), "update has a non-str key")
+    return Update(kind, body[0])
+
+
+def _blob(body: list[Any]) -> Blob:
+    _want(len(body) == 4, "blob needs 4 fields")
+    name, offset, total, data = body
+    _want(type(name) is str and type(data) is bytes, "bad blob fields")
+    _want(_is_int(offset) and _is_int(total) and offset >= 0, "bad blob offset")
+    _want(offset + len(data) <= total <= MAX_STEP, "blob chunk past its total")
+    return Blob(name, offset, total, data)
+
+
+def _goodbye(body: list[Any]) -> Goodbye:
+    _want(len(body) == 3 and _is_int(body[0]) and type(body[1]) is str, "bad goodbye")
+    _want(body[0] >= 0 and _is_int(body[2]), "bad goodbye count or exit code")
+    return Goodbye(body[0], body[1], body[2])
+
+
+def _close(body: list[Any]) -> Close:
+    _want(len(body) in (3, 4), "close needs 3 or 4 fields")
+    token, code, budget, *more = body
+    _want(type(token) is str and _is_int(code), "bad close fields")
+    _want(type(budget) in (int, float) and math.isfinite(budget), "bad close budget")
+    footer = more[0] if more else True
+    _want(type(footer) is bool, "bad close footer")
+    return Close(token, code, float(budget), footer)
+
+
+def _welcome(body: list[Any]) -> Welcome:
+    _want(len(body) == 3 and _is_int(body[0]), "bad welcome")
+    _want(body[1] is None or type(body[1]) is dict, "bad welcome run info")
+    _want(body[2] is None or _is_int(body[2]), "bad welcome logger pid")
+    return Welcome(body[0], body[1], body[2])
+
+
+def _ack(body: list[Any]) -> Ack:
+    _want(len(body) == 1 and _is_int(body[0]) and body[0] >= 0, "bad ack")
+    return Ack(body[0])
+
+
+def _saved(body: list[Any]) -> Saved:
+    _want(len(body) == 1 and _is_int(body[0]) and body[0] >= 0, "bad saved")
+    return Saved(body[0])
+
+
+def _rehello(body: list[Any]) -> Rehello:
+    _want(not body, "bad rehello")
+    return Rehello()
+
+
+def _done(body: list[Any]) -> Done:
+    _want(len(body) == 1 and type(body[0]) is dict, "bad done")
+    return Done(body[0])
+
+
+# Every message kind but RECORDS (whose records follow the header), to its decoder: the
+# header's fields after [version, kind] in, the message out, or DecodeError saying why.
+_DECODERS: Final[dict[int, Callable[[list[Any]], Message]]] = {
+    HELLO: _hello,
+    BLOB: _blob,
+    GOODBYE: _goodbye,
+    CLOSE: _close,
+    WELCOME: _welcome,
+    ACK: _ack,
+    SAVED: _saved,
+    REHELLO: _rehello,
+    DONE: _done,
+    **{kind: functools.partial(_update, kind) for kind in UpdateKind},
+}
+
+
 def decode(frame: bytes, max_frame_bytes: int) -> Message:
     """Decode one frame; anything malformed raises DecodeError, never anything else."""
     if len(frame) > max_frame_bytes:
@@ -433,79 +450,13 @@ def decode(frame: bytes, max_frame_bytes: int) -> Message:
             _is_int(version) and version == PROTOCOL_VERSION,  # not True, not 1.0
             f"protocol version {version!r:.20} is not supported",
         )
-        body = header[2:]
         if kind == RECORDS:
-            _want(len(body) == 2, "records header needs first_seq and count")
-            first_seq, count = body
-            _want(_is_int(first_seq) and first_seq >= 0, "first_seq is not a count")
-            _want(_is_int(count) and 0 <= count <= MAX_BATCH_RECORDS, "bad record count")
-            # Unpacked by the C iterator; a count larger than the frame holds just stops early.
-            records = list(itertools.islice(unpacker, count))
-            _want(len(records) == count, "fewer records than the header declares")
-            _check_records(records)
-            _want(unpacker.tell() == len(frame), "trailing bytes after the records")
-            return RecordBatch(first_seq, records)
+            return _records(header[2:], unpacker, frame)
         _want(unpacker.tell() == len(frame), "trailing bytes after the message")
-        if kind == HELLO:
-            _want(len(body) == 6, "hello needs 6 fields")
-            token, pid, host, rank, pid_start, resume = body
-            _want(type(token) is str and _is_int(pid) and type(host) is str, "bad hello fields")
-            _want(rank is None or (_is_int(rank) and 0 <= rank <= MAX_STEP), "bad hello rank")
-            _want(pid_start is None or _is_int(pid_start), "bad hello start time")
-            _want(
-                resume is None
-                or (
-                    type(resume) is list
-                    and len(resume) == 2
-                    and all(_is_int(n) and 0 <= n <= MAX_STEP for n in resume)
-                    and resume[0] <= resume[1]
-                ),
-                "bad hello resume range",
-            )
-            return Hello(
-                token, pid, host, rank, pid_start, None if resume is None else tuple(resume)
-            )
-        if kind in _UPDATE_KINDS:
-            _want(len(body) == 1 and type(body[0]) is dict, "update is not a map")
-            _want(all(type(k) is str for k in body[0]), "update has a non-str key")
-            return Update(UpdateKind(kind), body[0])
-        if kind == BLOB:
-            _want(len(body) == 4, "blob needs 4 fields")
-            name, offset, total, data = body
-            _want(type(name) is str and type(data) is bytes, "bad blob fields")
-            _want(_is_int(offset) and _is_int(total) and offset >= 0, "bad blob offset")
-            _want(offset + len(data) <= total <= MAX_STEP, "blob chunk past its total")
-            return Blob(name, offset, total, data)
-        if kind == GOODBYE:
-            _want(len(body) == 3 and _is_int(body[0]) and type(body[1]) is str, "bad goodbye")
-            _want(body[0] >= 0 and _is_int(body[2]), "bad goodbye count or exit code")
-            return Goodbye(body[0], body[1], body[2])
-        if kind == CLOSE:
-            _want(len(body) in (3, 4), "close needs 3 or 4 fields")
-            token, code, budget, *more = body
-            _want(type(token) is str and _is_int(code), "bad close fields")
-            _want(type(budget) in (int, float) and math.isfinite(budget), "bad close budget")
-            footer = more[0] if more else True
-            _want(type(footer) is bool, "bad close footer")
-            return Close(token, code, float(budget), footer)
-        if kind == WELCOME:
-            _want(len(body) == 3 and _is_int(body[0]), "bad welcome")
-            _want(body[1] is None or type(body[1]) is dict, "bad welcome run info")
-            _want(body[2] is None or _is_int(body[2]), "bad welcome logger pid")
-            return Welcome(body[0], body[1], body[2])
-        if kind == ACK:
-            _want(len(body) == 1 and _is_int(body[0]) and body[0] >= 0, "bad ack")
-            return Ack(body[0])
-        if kind == SAVED:
-            _want(len(body) == 1 and _is_int(body[0]) and body[0] >= 0, "bad saved")
-            return Saved(body[0])
-        if kind == REHELLO:
-            _want(not body, "bad rehello")
-            return Rehello()
-        if kind == DONE:
-            _want(len(body) == 1 and type(body[0]) is dict, "bad done")
-            return Done(body[0])
-        raise DecodeError(f"unknown message kind {kind!r:.20}")
+        decoder = _DECODERS.get(kind)
+        if decoder is None:
+            raise DecodeError(f"unknown message kind {kind!r:.20}")
+        return decoder(header[2:])
     except DecodeError:
         raise
     except Exception as exc:  # truncated data, bad utf-8, depth bombs, anything msgpack raises
