@@ -1,6 +1,6 @@
-"""How a logger ended, typed: what the logger's close returns, the exit codes it uses for
-itself, and what the owner's supervisor makes of a logger process that is gone (the shape
-of torch elastic's ``RunResult`` and ``WorkerState``).
+"""How a logger ended, typed: what the logger's loop returns, the exit codes it uses for
+itself, what the owner's close of it came to, and what the owner's supervisor makes of a
+logger process that is gone (the shape of torch elastic's ``RunResult`` and ``WorkerState``).
 
 A logger process exits with the run's exit code (the user's, any byte) when it finished
 the run; the two codes below are its own. ``GAVE_UP`` (3) can be a user's code too: the
@@ -29,6 +29,14 @@ class Outcome(enum.Enum):
 
     FINISHED = "finished"  # the run is finished, with ``LoggerResult.exit_code``
     RESTART = "restart"  # wandb-core is gone: the owner starts a successor
+
+
+class CloseOutcome(str, enum.Enum):
+    """How the owner's close of a logger went (``LoggerProcess.close``)."""
+
+    CLOSED = "closed"  # it finished the run and exited (its DONE has the accounting, if any)
+    ALREADY_EXITED = "already-exited"  # it was gone before the close (a restart past the bound)
+    KILLED = "killed"  # it did not exit within the close's deadline: killed
 
 
 class LoggerResult(NamedTuple):

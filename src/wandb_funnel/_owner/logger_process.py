@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from wandb_funnel._constants import ENV_INSTALL, ENV_WARM
+from wandb_funnel._outcomes import CloseOutcome
 from wandb_funnel._protocol.codec import decode, encode_close
 from wandb_funnel._protocol.messages import Close, Done, LoggerStart
 from wandb_funnel._protocol.sockets import CLOSER_PREFIX, ClientSocket, client_curve
@@ -152,17 +153,17 @@ class LoggerProcess:
 
     def close(
         self, exit_code: int, deadline: float, footer: bool = True
-    ) -> tuple[str, dict[str, Any] | None]:
+    ) -> tuple[CloseOutcome, dict[str, Any] | None]:
         """Ask the logger to finish the run with ``exit_code``, and make sure it is gone by
         ``deadline`` (a ``time.monotonic()``). ``footer``: wandb's end-of-run footer is
         printed (the program called finish()).
 
-        Returns ``(outcome, stats)``: outcome ``"closed"`` (stats are the logger's final
-        accounting, or None if its reply was lost), ``"already-exited"`` or ``"killed"``.
+        Returns ``(outcome, stats)``: ``CLOSED`` (stats are the logger's final accounting, or
+        None if its reply was lost), ``ALREADY_EXITED`` or ``KILLED``.
         """
         proc = self._proc
         if proc.poll() is not None:
-            return "already-exited", None
+            return CloseOutcome.ALREADY_EXITED, None
         start = self.start_message
         # CLOSE goes on a socket of its own that never says hello: it is not a rank.
         closer = ClientSocket(
@@ -178,10 +179,10 @@ class LoggerProcess:
                 proc.wait(timeout=max(0.0, deadline - _KILL_MARGIN - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.kill(grace=_KILL_MARGIN / 2)
-                return "killed", None
+                return CloseOutcome.KILLED, None
             reply = closer.recv_within(0.2)
             done = decode(reply, 1 << 20) if reply is not None else None
-            return "closed", done.stats if isinstance(done, Done) else None
+            return CloseOutcome.CLOSED, done.stats if isinstance(done, Done) else None
         finally:
             closer.close(0)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 from wandb_funnel._constants import LOGGER_RESTART_WINDOW
+from wandb_funnel._outcomes import LoggerState, how_it_ended
 from wandb_funnel._owner.logger_process import LoggerProcess
 from wandb_funnel._protocol.messages import LoggerStart
 
@@ -38,17 +38,6 @@ def _say(message: str) -> None:
         print(f"wandb-funnel: {message}", file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
-
-def _how_it_ended(code: int | None) -> str:
-    if code is None:
-        return "exited"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class Supervisor:
@@ -89,7 +78,8 @@ class Supervisor:
             self._abandoned = True  # a logger started after this is killed at once
             return self.logger
         try:
-            if self._max > 0 and not self.gave_up and self.logger.returncode is not None:
+            dead = LoggerState.of(self.logger.returncode) is not LoggerState.RUNNING
+            if self._max > 0 and not self.gave_up and dead:
                 self._restart(within=max(0.5, deadline - time.monotonic()))
         finally:
             self._lock.release()
@@ -97,7 +87,7 @@ class Supervisor:
 
     def _watch(self) -> None:
         while not self._stopped.wait(_POLL):
-            if self.logger.returncode is None:
+            if LoggerState.of(self.logger.returncode) is LoggerState.RUNNING:
                 continue
             with self._lock:
                 if self._stopped.is_set():
@@ -120,7 +110,7 @@ class Supervisor:
                 with contextlib.suppress(OSError):
                     os.unlink(self._start.address[len("ipc://") :])
             _say(
-                f"the logger (pid {dead.pid}) {_how_it_ended(dead.returncode)}; it died "
+                f"the logger (pid {dead.pid}) {how_it_ended(dead.returncode)}; it died "
                 f"{len(self._restarts) + 1} times in {LOGGER_RESTART_WINDOW / 60:.0f} minutes "
                 f"and is not started again: records the ranks send from now on are lost "
                 f"(each rank counts and reports what it could not send)"
@@ -132,7 +122,7 @@ class Supervisor:
         limit = f"at most {self._max} in {LOGGER_RESTART_WINDOW / 60:.0f} minutes"
         if self._start_failed is None:
             _say(
-                f"the logger (pid {dead.pid}) {_how_it_ended(dead.returncode)} before the run "
+                f"the logger (pid {dead.pid}) {how_it_ended(dead.returncode)} before the run "
                 f"was closed; starting a new one (restart {self.restarts}, {limit}): it "
                 f"continues the run, and the ranks resend what was not saved"
             )
