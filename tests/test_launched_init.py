@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 
 from wandb_funnel import _launched_init
-from wandb_funnel._constants import ENV_BIND_ADDR
+from wandb_funnel._constants import ENV_BIND_ADDR, ENV_RANK_PID
 from wandb_funnel._launcher_env import DistEnv
 from wandb_funnel._options import FunnelOptions, PerRankRuns, Topology
 from wandb_funnel._worker.run import AttachInfo, Run
@@ -80,6 +80,10 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Store:
     import wandb_funnel._rendezvous
 
     shared = Store()
+    # Recorded as absent: init_launched marks this process as a rank, which must not outlive
+    # the test (a torchrun job started later in the session took its ranks for children).
+    monkeypatch.setenv(ENV_RANK_PID, "")
+    monkeypatch.delenv(ENV_RANK_PID)
     monkeypatch.setattr(wandb_funnel._rendezvous, "Rendezvous", shared.rendezvous)
     monkeypatch.setattr(_launched_init, "Funnel", FakeFunnel)
     monkeypatch.setattr(_launched_init, "route_ip", lambda master: "10.0.0.1")

@@ -60,7 +60,9 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
     """Attach this process to the funnel it can see, or start a private one.
 
     Takes ``wandb.init``'s keywords, as wandb does (a ``None`` value means "not set"), mixed
-    with the funnel's options (``FunnelOptions``). In a process started after a Funnel (it
+    with the funnel's options (``FunnelOptions``: each from its keyword, else its
+    ``WANDB_FUNNEL_<OPTION>`` variable, else its default; they act where this process starts
+    the funnel, and are the owner's where it attaches). In a process started after a Funnel (it
     finds ``_WANDB_FUNNEL_ADDRESS``), this attaches as a rank: ``rank`` if given, else ``RANK``
     from the environment, else the next one the logger assigns. ``config=`` is applied to the
     run; other wandb.init arguments belong to the owner and are ignored with a warning. With no
@@ -69,7 +71,7 @@ def init(*, rank: int | None = None, **wandb_init_kwargs: Any) -> Run:
     its config), unless ``reinit="finish_previous"`` (or ``True``) finishes it first.
 
     Raises:
-        TypeError, ValueError: bad arguments, named.
+        TypeError, ValueError: bad arguments (a variable's: named with its value), named.
         LoggerStartError: a private funnel could not open its run.
     """
     return open_run(rank, wandb_init_kwargs)

@@ -6,7 +6,7 @@ from typing import Final
 
 # --- environment variables a Funnel exports to the processes started after it --------------
 # Its state, prefixed _WANDB_FUNNEL_: a child never mistakes it for one of the options that
-# WANDB_FUNNEL_<OPTION> sets (FunnelOptions.from_env).
+# WANDB_FUNNEL_<OPTION> sets (_options.resolve).
 ENV_ADDRESS: Final = "_WANDB_FUNNEL_ADDRESS"  # the ZeroMQ endpoint clients connect to
 ENV_TOKEN: Final = "_WANDB_FUNNEL_TOKEN"  # per-funnel secret every HELLO must carry
 ENV_RUN_ID: Final = "_WANDB_FUNNEL_RUN_ID"  # the wandb run id, known before the logger starts

@@ -18,8 +18,9 @@ from __future__ import annotations
 import itertools
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from wandb_funnel import _environ
 from wandb_funnel._constants import ENV_BIND_ADDR, ENV_RANK_PID
 from wandb_funnel._launcher_env import DistEnv
 from wandb_funnel._options import FunnelOptions, PerRankRuns, Topology
@@ -27,15 +28,10 @@ from wandb_funnel._owner.funnel import Funnel
 from wandb_funnel._worker.run import AttachInfo, Run
 from wandb_funnel.errors import LoggerStartError, LoggerUnavailableError
 
+if TYPE_CHECKING:
+    from wandb_funnel._rendezvous import Rendezvous
+
 _generations = itertools.count()
-
-
-def _restore_env(saved: dict[str, str | None]) -> None:
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 def _source_address(target: str) -> str:
@@ -71,6 +67,34 @@ def route_ip(master_addr: str | None) -> str:
         return target
 
 
+class _Plan(NamedTuple):
+    """The runs of the job (the table above) as they concern this rank, and where its
+    logger's address is published in the job's store."""
+
+    worker_scope: bool  # one funnel per node
+    node: int
+    prefix: str  # the funnel's run id: the base, or the node's
+    per_rank: PerRankRuns | None  # run_mode "new": each rank's run
+    key: str  # the store key of the logger this rank attaches to
+
+    @classmethod
+    def of(cls, env: DistEnv, options: FunnelOptions, base: str) -> _Plan:
+        worker_scope = options.rank_scope == "worker" and env.num_nodes > 1
+        node = env.node_rank
+        prefix = f"{base}-worker-{node}" if worker_scope else base
+        per_rank: PerRankRuns | None = None
+        if options.run_mode == "new":
+            per_rank = PerRankRuns(
+                id_template=f"{prefix}-rank-{{local_rank}}"
+                if worker_scope
+                else f"{base}-rank-{{rank}}",
+                group_template=prefix,
+                rank_offset=env.first_rank_on_node,
+            )
+        key = f"logger/node{node}" if worker_scope else "logger/global"
+        return cls(worker_scope, node, prefix, per_rank, key)
+
+
 def init_launched(
     env: DistEnv,
     options: FunnelOptions,
@@ -85,101 +109,117 @@ def init_launched(
     by every rank. With ``first_caller_hosts`` (an installed ``wandb.init``, which libraries
     call on whichever ranks they choose: rank 0, or the last rank as Megatron-LM and
     pipeline-parallel torchtitan do) it is the first rank to call, found by a claim in the
-    job's store; a rank-0-only job is then hosted by rank 0 as before."""
+    job's store; a rank-0-only job is then hosted by rank 0 as before.
+
+    ``options`` act in the hosting rank; another rank takes the few that decide how it joins
+    (``start_timeout``, ``rank_scope``) from its own, and the per-rank runs from the host."""
     # Here, not at the top: torch (the job's store) loads only in a launched job.
     from wandb_funnel._rendezvous import Rendezvous
-    from wandb_funnel.sinks import generate_run_id
 
-    timeout = options.start_timeout
     wandb_init_kwargs = dict(wandb_init_kwargs)
     # The hosting rank needs wandb.setup() and up to `timeout` for the logger; the others wait
     # for it with room to spare, so a slow but healthy host is not mistaken for a failed one.
-    rendezvous = Rendezvous(env, next(_generations), 2 * timeout + 30)
-    base = wandb_init_kwargs.pop("id", None)
-    if rendezvous.claim("base") if first_caller_hosts else env.rank == 0:
-        base = base or generate_run_id()
-        rendezvous.publish("base", {"id": base})
-    elif base is None:
-        base = rendezvous.wait("base", "run id")["id"]
-
-    worker_scope = options.rank_scope == "worker" and env.num_nodes > 1
-    node = env.node_rank
-    prefix = f"{base}-worker-{node}" if worker_scope else base
-    per_rank: PerRankRuns | None = None
-    if options.run_mode == "new":
-        per_rank = PerRankRuns(
-            id_template=f"{prefix}-rank-{{local_rank}}"
-            if worker_scope
-            else f"{base}-rank-{{rank}}",
-            group_template=prefix,
-            rank_offset=env.first_rank_on_node,
-        )
-    key = f"logger/node{node}" if worker_scope else "logger/global"
+    rendezvous = Rendezvous(env, next(_generations), 2 * options.start_timeout + 30)
+    base = _agree_on_base(rendezvous, env, wandb_init_kwargs.pop("id", None), first_caller_hosts)
+    plan = _Plan.of(env, options, base)
     if first_caller_hosts:
-        hosting = rendezvous.claim(key)
+        hosting = rendezvous.claim(plan.key)
     else:
-        hosting = env.local_rank == 0 if worker_scope else env.rank == 0
+        hosting = env.local_rank == 0 if plan.worker_scope else env.rank == 0
     os.environ[ENV_RANK_PID] = str(os.getpid())  # children of this rank are not ranks of the job
-
     if hosting:
-        first = env.first_rank_on_node if worker_scope else 0
-        count = env.local_world_size if worker_scope else env.world_size
-        try:  # whatever fails here is published, so the other ranks fail at once too
-            topology = Topology(
-                owner_rank=env.rank,
-                first_auto_rank=env.world_size,
-                expected_ranks=tuple(range(first, first + count)),
-                # Ranks on other nodes reach the logger over TCP (one run for the whole job).
-                tcp_host=route_ip(env.master_addr)
-                if not worker_scope and env.num_nodes > 1
-                else None,
-                per_rank=per_rank,
-            )
-            funnel = Funnel(options, topology=topology, **wandb_init_kwargs, id=prefix).start()
-        except BaseException as exc:
-            rendezvous.publish(key, {"error": f"{type(exc).__name__}: {exc}"})
-            raise
-        info = funnel.attach_info()
-        record = {**info._asdict(), "tcp": funnel.tcp_address, "node": node}
-        rendezvous.publish(key, record)
-        run = funnel.run
-        run._attach(timeout)  # as every rank does: its prints reach the run from here on
+        run, per_rank = _host(env, rendezvous, plan, options, wandb_init_kwargs), plan.per_rank
     else:
-        record = rendezvous.wait(key, "logger address")
-        tcp, host_node = record.pop("tcp"), record.pop("node")
-        info = AttachInfo(**record)
-        # Within the logger's node IPC; from another node TCP (the launcher's node numbers
-        # decide, so two "nodes" on one machine really do cross TCP).
-        if host_node != node:
-            if tcp is None:
-                raise LoggerStartError(
-                    f"wandb_funnel: the logger runs on node {host_node}, not this node {node}, "
-                    f"and listens on IPC only"
-                )
-            info = info._replace(address=tcp)
-        # Processes this rank starts attach too; the variables go away with the run, so a
-        # later wf.init() here does not find this funnel again.
-        exported = info.to_env()
-        saved = {name: os.environ.get(name) for name in exported}
-        os.environ.update(exported)
-
-        def forget_exported(exit_code: int | None) -> bool:
-            _restore_env(saved)
-            return False  # the stream still closes as usual
-
-        run = Run(info, requested_rank=env.rank, on_finish=forget_exported)
-        if not run._attach(timeout):
-            if not run._live_stream().logger_alive():
-                raise LoggerUnavailableError(
-                    f"wandb_funnel: the logger at {info.address} (pid {info.logger_pid}) is "
-                    f"gone: the run was closed before rank {env.rank} attached (the hosting "
-                    f"rank finished it, or died)"
-                )
-            raise LoggerUnavailableError(
-                f"wandb_funnel: the logger at {info.address} did not answer rank {env.rank} "
-                f"within {timeout:.0f}s"
-            )
+        run, per_rank = _join(env, rendezvous, plan, options.start_timeout)
     if per_rank is not None:
         run_id = per_rank.id_template.format(rank=env.rank, local_rank=env.local_rank)
         run._info = run._info._replace(run_id=run_id)
     return run
+
+
+def _agree_on_base(
+    rendezvous: Rendezvous, env: DistEnv, base: str | None, first_caller_hosts: bool
+) -> str:
+    """The job's base run id: the ``id`` given, or one the first rank makes and publishes."""
+    from wandb_funnel.sinks import generate_run_id
+
+    if rendezvous.claim("base") if first_caller_hosts else env.rank == 0:
+        base = base or generate_run_id()
+        rendezvous.publish("base", {"id": base})
+    elif base is None:
+        base = str(rendezvous.wait("base", "run id")["id"])
+    return base
+
+
+def _host(
+    env: DistEnv,
+    rendezvous: Rendezvous,
+    plan: _Plan,
+    options: FunnelOptions,
+    wandb_init_kwargs: dict[str, Any],
+) -> Run:
+    """Start the funnel and publish its address (or why it failed: the other ranks then
+    fail at once too)."""
+    first = env.first_rank_on_node if plan.worker_scope else 0
+    count = env.local_world_size if plan.worker_scope else env.world_size
+    try:
+        topology = Topology(
+            owner_rank=env.rank,
+            first_auto_rank=env.world_size,
+            expected_ranks=tuple(range(first, first + count)),
+            # Ranks on other nodes reach the logger over TCP (one run for the whole job).
+            tcp_host=route_ip(env.master_addr)
+            if not plan.worker_scope and env.num_nodes > 1
+            else None,
+            per_rank=plan.per_rank,
+        )
+        funnel = Funnel(options, topology=topology, **wandb_init_kwargs, id=plan.prefix).start()
+    except BaseException as exc:
+        rendezvous.publish(plan.key, {"error": f"{type(exc).__name__}: {exc}"})
+        raise
+    per_rank = list(plan.per_rank) if plan.per_rank is not None else None
+    record = {**funnel.attach_info()._asdict(), "tcp": funnel.tcp_address, "node": plan.node}
+    rendezvous.publish(plan.key, {**record, "per_rank": per_rank})
+    run = funnel.run
+    run._attach(options.start_timeout)  # as every rank does: its prints reach the run from here on
+    return run
+
+
+def _join(
+    env: DistEnv, rendezvous: Rendezvous, plan: _Plan, timeout: float
+) -> tuple[Run, PerRankRuns | None]:
+    """Attach to the logger the hosting rank published; the host's per-rank runs."""
+    record = rendezvous.wait(plan.key, "logger address")
+    tcp, host_node = record.pop("tcp"), record.pop("node")
+    per_rank = record.pop("per_rank", None)
+    info = AttachInfo(**record)
+    # Within the logger's node IPC; from another node TCP (the launcher's node numbers
+    # decide, so two "nodes" on one machine really do cross TCP).
+    if host_node != plan.node:
+        if tcp is None:
+            raise LoggerStartError(
+                f"wandb_funnel: the logger runs on node {host_node}, not this node "
+                f"{plan.node}, and listens on IPC only"
+            )
+        info = info._replace(address=tcp)
+    # Processes this rank starts attach too; the variables go away with the run, so a
+    # later wf.init() here does not find this funnel again.
+    saved = _environ.set_for_children(info.to_env())
+
+    def forget_exported(exit_code: int | None) -> bool:
+        _environ.put_back(saved)
+        return False  # the stream still closes as usual
+
+    run = Run(info, requested_rank=env.rank, on_finish=forget_exported)
+    if not run._attach(timeout):
+        if not run._live_stream().logger_alive():
+            raise LoggerUnavailableError(
+                f"wandb_funnel: the logger at {info.address} (pid {info.logger_pid}) is "
+                f"gone: the run was closed before rank {env.rank} attached (the hosting "
+                f"rank finished it, or died)"
+            )
+        raise LoggerUnavailableError(
+            f"wandb_funnel: the logger at {info.address} did not answer rank {env.rank} "
+            f"within {timeout:.0f}s"
+        )
+    return run, None if per_rank is None else PerRankRuns(*per_rank)

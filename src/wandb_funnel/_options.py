@@ -1,9 +1,16 @@
 """The funnel's options: each one defined, documented and validated here, and nowhere else.
 
 ``wf.init(**kwargs)`` and ``Funnel(**kwargs)`` take them mixed with ``wandb.init``'s own
-arguments: ``FunnelOptions.split`` takes ours out and leaves wandb's. The owner validates
-them once, at the call site; the logger process gets them inside its start message
+arguments: ``FunnelOptions.split`` takes ours out and leaves wandb's. Every entry point
+(``wf.init``, ``wf.Funnel``, ``install()``, ``wandb-funnel run``, an installed
+``wandb.init``) takes each option by one rule, ``resolve``: its keyword (or flag), else its
+``WANDB_FUNNEL_<OPTION>`` variable, else its default. The owner validates them once, at the
+call site; the logger process gets them inside its start message
 (``_protocol.messages.LoggerStart``) and validates them again, because a message is input.
+A process that joins a funnel reads none: the options are the owner's, and what acts in a
+rank reaches it from the owner (``_worker.run.AttachInfo``). Only a launched job's ranks
+each read the two that decide how they join (``start_timeout``, ``rank_scope``: the same
+variables, in every rank of the job).
 
 A plain class, not a dataclass: every worker imports this module, and ``dataclasses`` pulls
 in ``inspect`` (a worker's import must stay light; ``tests/test_exports.py`` holds it).
@@ -11,6 +18,7 @@ in ``inspect`` (a worker's import must stay light; ``tests/test_exports.py`` hol
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -32,7 +40,7 @@ from wandb_funnel._constants import (
     RUN_MODES,
 )
 
-__all__ = ["FunnelOptions", "PerRankRuns", "Topology"]
+__all__ = ["FunnelOptions", "PerRankRuns", "Topology", "resolve"]
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -257,23 +265,14 @@ class FunnelOptions:
         self.stall_timeout = _number("stall_timeout", stall_timeout, positive=False)
 
     @classmethod
-    def split(cls, kwargs: Mapping[str, Any]) -> tuple[FunnelOptions, dict[str, Any]]:
-        """Our options from ``kwargs``, validated, and what is left for ``wandb.init``."""
+    def split(
+        cls, kwargs: Mapping[str, Any], environ: Mapping[str, str] | None = None
+    ) -> tuple[FunnelOptions, dict[str, Any]]:
+        """Our options from ``kwargs`` (over the ``WANDB_FUNNEL_*`` variables: ``resolve``),
+        validated, and what is left for ``wandb.init``."""
         ours = {k: v for k, v in kwargs.items() if k in cls.NAMES}
         rest = {k: v for k, v in kwargs.items() if k not in cls.NAMES}
-        return cls(**ours), rest
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> dict[str, Any]:
-        """The options set as ``WANDB_FUNNEL_<NAME>`` variables (``WANDB_FUNNEL_RUN_MODE=new``,
-        ``WANDB_FUNNEL_REDUCE=loss=mean,acc=max``), as keywords; validated by the caller."""
-        out: dict[str, Any] = {}
-        for name in cls.__slots__:
-            raw = environ.get(f"WANDB_FUNNEL_{name.upper()}")
-            if raw is None or raw == "":
-                continue
-            out[name] = parse_option(name, raw)
-        return out
+        return cls(**resolve(ours, environ)), rest
 
     def to_wire(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -293,6 +292,49 @@ class FunnelOptions:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.to_wire().items())
         return f"FunnelOptions({fields})"
+
+
+def variable(name: str) -> str:
+    """The environment variable of option ``name``: ``WANDB_FUNNEL_<NAME>``."""
+    return f"WANDB_FUNNEL_{name.upper()}"
+
+
+def resolve(
+    keywords: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The one rule of every entry point (``wf.init``, ``wf.Funnel``, ``install()``,
+    ``wandb-funnel run``, an installed ``wandb.init``): each option from its keyword (or
+    flag) if given, else from its ``WANDB_FUNNEL_<OPTION>`` variable if set (and not empty),
+    else its default. ``reduce`` as a variable is a reducer name for every key, or
+    ``KEY=REDUCER`` pairs separated by commas.
+
+    Args:
+        keywords: options given as keywords (or flags, already parsed: ``parse_option``);
+            returned as given, for ``FunnelOptions(**...)`` to validate.
+        environ: the variables (default ``os.environ``). Only those of options not given as
+            keywords are read: a variable a keyword overrides is never looked at.
+
+    Returns:
+        The options set, as ``FunnelOptions`` keywords; the rest take their defaults.
+
+    Raises:
+        ValueError: a variable with a bad value, named with its value (each variable is
+            validated on its own, here, at the entry point that reads it).
+    """
+    environ = os.environ if environ is None else environ
+    out = dict(keywords)
+    for name in FunnelOptions.__slots__:
+        raw = environ.get(variable(name), "")
+        if name in out or raw == "":
+            continue
+        try:
+            value = parse_option(name, raw)
+            FunnelOptions(**{name: value})  # alone: the error is this variable's
+        except (TypeError, ValueError) as exc:
+            reason = str(exc).removeprefix("wandb_funnel: ")
+            raise ValueError(f"wandb_funnel: {variable(name)}={raw!r}: {reason}") from None
+        out[name] = value
+    return out
 
 
 class PerRankRuns(NamedTuple):

@@ -27,7 +27,7 @@ from wandb_funnel._constants import (
     REDUCERS,
     RUN_MODES,
 )
-from wandb_funnel._options import FunnelOptions, parse_option
+from wandb_funnel._options import FunnelOptions, parse_option, resolve
 
 USAGE = "wandb-funnel run [options] [--] COMMAND [ARG ...]"
 DESCRIPTION = """\
@@ -128,7 +128,8 @@ def main(parser: argparse.ArgumentParser, args: argparse.Namespace, target: list
             "or after --: wandb-funnel run -- python train.py)"
         )
     try:
-        options = {**FunnelOptions.from_env(os.environ), **options_from_args(args)}
+        # Flags over WANDB_FUNNEL_* variables; the export carries both to every process.
+        options = resolve(options_from_args(args))
         FunnelOptions(**options)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))

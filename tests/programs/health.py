@@ -5,7 +5,8 @@
 Every rank logs a step, then ``all_reduce``s a tensor with the others (a DDP step):
 
 - ``stall``: rank 3 sleeps before step 30 (for minutes) while ranks 0-2 wedge in the
-  all_reduce of step 30; ``stall_timeout=10``; rank 0 REPORTs ``ready`` at step 5;
+  all_reduce of step 30; ``stall_timeout=10`` (with ``--options-from-env``, no keyword:
+  the job's ``WANDB_FUNNEL_STALL_TIMEOUT`` says it); rank 0 REPORTs ``ready`` at step 5;
 - ``nan``: rank 1 logs ``loss`` NaN at step 25;
 - ``spread``: ``reduce={"step_time": "spread"}``; each rank logs the time its own work took
   (before the all_reduce, which would make every rank's step as slow as the slowest), and
@@ -31,11 +32,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario", choices=["stall", "nan", "spread"])
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--options-from-env", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     options: dict[str, Any] = {"project": "health", "reorder_window": 30}
-    if args.scenario == "stall":
+    if args.scenario == "stall" and not args.options_from_env:
         options["stall_timeout"] = 10
     if args.scenario == "spread":
         options["reduce"] = {"step_time": "spread"}

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 import warnings
 from types import TracebackType
 from typing import Any
 
-from wandb_funnel import _current
+from wandb_funnel import _current, _environ
 from wandb_funnel._constants import (
-    DEFAULT_STATS_INTERVAL,
     ENV_LOGGER_PID,
     EXPORTED_ENV,
     FINAL_STATS,
@@ -25,6 +23,7 @@ from wandb_funnel._constants import (
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._owner import prewarm
 from wandb_funnel._owner.logger_process import LoggerProcess, logger_env
+from wandb_funnel._owner.run_request import prepare
 from wandb_funnel._owner.supervisor import Supervisor
 from wandb_funnel._protocol.messages import LoggerStart
 from wandb_funnel._protocol.sockets import (
@@ -35,46 +34,8 @@ from wandb_funnel._protocol.sockets import (
 )
 from wandb_funnel._worker import lifecycle, stream
 from wandb_funnel._worker.run import AttachInfo, Run
-from wandb_funnel._worker.run_data import jsonable, parse_config
 from wandb_funnel.errors import FunnelWarning
 from wandb_funnel.sinks import Backend, backend
-
-
-def _stats_interval(settings: dict[str, Any]) -> float:
-    """Seconds between system metrics samples, as the user's wandb settings say (0: off)."""
-    disabled = settings.get("x_disable_stats", os.environ.get("WANDB_X_DISABLE_STATS", ""))
-    if disabled is True or str(disabled).lower() in ("1", "true"):
-        return 0.0
-    raw = settings.get(
-        "x_stats_sampling_interval", os.environ.get("WANDB_X_STATS_SAMPLING_INTERVAL")
-    )
-    try:
-        return float(raw) if raw is not None else DEFAULT_STATS_INTERVAL
-    except (TypeError, ValueError):
-        return DEFAULT_STATS_INTERVAL
-
-
-def _portable_init_kwargs(kwargs: dict[str, Any], sink: Backend) -> dict[str, Any]:
-    """wandb.init kwargs as plain JSON data for the logger process (no pickle anywhere)."""
-    out = {k: v for k, v in kwargs.items() if v is not None}  # wandb: None means "not set"
-    if "settings" in out:
-        out["settings"] = sink.settings(out["settings"])
-    if "config" in out:
-        out["config"] = {str(k): jsonable(v) for k, v in parse_config(out["config"]).items()}
-    for key in ("dir", "tags"):  # a PathLike dir, a tuple of tags
-        if isinstance(out.get(key), os.PathLike):
-            out[key] = os.fspath(out[key])
-        elif isinstance(out.get(key), (tuple, set, frozenset)):
-            out[key] = list(out[key])
-    for key, value in out.items():
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"wandb_funnel: wandb.init argument {key}= must be plain data (dict, list, str, "
-                f"number, bool, None) to reach the logger process: {exc}"
-            ) from exc
-    return out
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -90,18 +51,21 @@ class Funnel:
     """The owner of one wandb run that every process of the job logs into.
 
     Takes the funnel's options (``FunnelOptions``: ``run_mode``, ``reduce``, ``step_key``,
-    ``close_timeout``, ...) and ``wandb.init``'s arguments mixed, as ``wf.init`` does, or
-    the options as one ``FunnelOptions`` object. ``mode`` defaults to ``"offline"`` unless
-    ``WANDB_MODE`` is set.
+    ``close_timeout``, ...) and ``wandb.init``'s arguments mixed, as ``wf.init`` does (each
+    option from its keyword, else its ``WANDB_FUNNEL_<OPTION>`` variable, else its default),
+    or the options as one ``FunnelOptions`` object. ``mode`` defaults to ``"offline"``
+    unless ``WANDB_MODE`` is set.
 
     Args:
-        options: the funnel's options, if not given as keywords.
+        options: the funnel's options, complete (no variable is read), if not given as
+            keywords.
         topology: the job's ranks, when a launcher knows them (``wf.init`` in torchrun,
             SLURM or MPI passes it); a plain funnel numbers ranks as they attach.
         **kwargs: funnel options, and ``wandb.init`` arguments for the logger's run.
 
     Raises:
-        TypeError, ValueError: a bad option or ``wandb.init`` argument, named.
+        TypeError, ValueError: a bad option (a variable's: named with its value) or
+            ``wandb.init`` argument, named.
     """
 
     def __init__(
@@ -111,35 +75,12 @@ class Funnel:
         topology: Topology | None = None,
         **kwargs: Any,
     ) -> None:
-        if options is None:
-            options, kwargs = FunnelOptions.split(kwargs)
-        elif not isinstance(options, FunnelOptions):
-            raise TypeError(f"wandb_funnel: options must be a FunnelOptions, got {options!r}")
-        elif FunnelOptions.NAMES & kwargs.keys():
-            raise TypeError(
-                f"wandb_funnel: {', '.join(sorted(FunnelOptions.NAMES & kwargs.keys()))} "
-                f"given both in options and as keywords"
-            )
-        if topology is not None and not isinstance(topology, Topology):
-            raise TypeError(f"wandb_funnel: topology must be a Topology, got {topology!r}")
-        self.options = options
-        self.topology = topology or Topology()
         self._sink: Backend = backend()  # picked again at start(): the sink then is the one
-        wandb_init_kwargs = dict(kwargs)
-        if wandb_init_kwargs.get("id") is not None and not isinstance(wandb_init_kwargs["id"], str):
-            raise TypeError(f"wandb_funnel: id must be a str, got {wandb_init_kwargs['id']!r}")
-        if wandb_init_kwargs.get("id") is None:
-            # wandb's own rule: WANDB_RUN_ID names the run when init() is given no id.
-            wandb_init_kwargs["id"] = os.environ.get("WANDB_RUN_ID") or self._sink.run_id()
-        self._init_kwargs = _portable_init_kwargs(wandb_init_kwargs, self._sink)
-        self._run_id: str = self._init_kwargs["id"]
-        settings = self._init_kwargs.get("settings")
-        # Every rank's console goes to the run unless the user said console="off".
-        self._console = (
-            not (isinstance(settings, dict) and settings.get("console") == "off")
-            and os.environ.get("WANDB_CONSOLE") != "off"
-        )
-        self._stats_interval = _stats_interval(settings if isinstance(settings, dict) else {})
+        request = prepare(options, topology, kwargs, self._sink)
+        self.options, self.topology = request.options, request.topology
+        self._request = request
+        self._init_kwargs = request.init_kwargs  # wandb.init's, as the logger gets them
+        self._run_id = request.run_id
         self._logger: LoggerProcess | None = None
         self._supervisor: Supervisor | None = None
         self._address: str | None = None
@@ -283,33 +224,16 @@ class Funnel:
 
     def attach_info(self, address: str | None = None) -> AttachInfo:
         """How a process reaches this funnel (``address`` defaults to the IPC endpoint)."""
-        return AttachInfo(
-            address or self.address,
-            self._token,
-            self._run_id,
-            self.options.max_record_bytes,
-            self.logger_pid,
-            socket.gethostname(),
-            client_curve(self._curve) if self._curve else None,
-            self._run_info,
-            self.options.max_media_bytes,
-            self._console,
-            self._stats_interval,
-            (self.options.replay_max_records, self.options.replay_max_bytes),
-            self.options.max_logger_restarts > 0,
+        curve = client_curve(self._curve) if self._curve else None
+        return self._request.attach_info(
+            address or self.address, self._token, self.logger_pid, curve, self._run_info
         )
 
     def _export_env(self) -> None:
-        values = self.attach_info().to_env()
-        self._saved_env = {name: os.environ.get(name) for name in EXPORTED_ENV}
-        os.environ.update(values)
+        self._saved_env = _environ.set_for_children(self.attach_info().to_env(), EXPORTED_ENV)
 
     def _restore_env(self) -> None:
-        for name, value in self._saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _environ.put_back(self._saved_env)
         self._saved_env = {}
 
     # -- logging as rank 0 -------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any
 
 from wandb_funnel import _api, _current, _init_keywords
 from wandb_funnel._constants import ENV_INSTALL, ORIGINAL_ATTRIBUTE
-from wandb_funnel._options import FunnelOptions
+from wandb_funnel._options import FunnelOptions, resolve
 from wandb_funnel._owner import prewarm
 from wandb_funnel._wandb_module.wandb_run import as_installed
 from wandb_funnel._worker.run import Run
@@ -61,28 +61,33 @@ class _Installed:
     def __init__(self, wandb: Any, options: dict[str, Any], base: dict[str, Any]) -> None:
         self.wandb = wandb
         self.options = options
-        self.base = base  # what the environment said before install()
+        self.base = base  # what was exported to this process before install()
         self.originals: dict[str, Any] = {
             name: getattr(wandb, name) for name in (*_FUNCTIONS, *_STATE_GLOBALS, *_RUN_GLOBALS)
         }
         self.init_signature = inspect.signature(self.originals["init"])
 
 
-def options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The funnel options for an installed process: ``WANDB_FUNNEL_<NAME>`` variables, under
-    what ``install()`` or ``wandb-funnel run`` exported (``_WANDB_FUNNEL_INSTALL``, JSON)."""
-    environ = os.environ if environ is None else environ
-    base = FunnelOptions.from_env(environ)
+def exported_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    """What ``install()`` or ``wandb-funnel run`` exported (``_WANDB_FUNNEL_INSTALL``, JSON:
+    their keywords and flags, and the ``WANDB_FUNNEL_*`` variables they read), as keywords."""
     raw = environ.get(ENV_INSTALL, "")
     if raw in ("", "1"):
-        return base
+        return {}
     try:
         options = json.loads(raw)
     except ValueError as exc:
         raise ValueError(f"wandb_funnel: {ENV_INSTALL} is not JSON: {raw!r:.80}") from exc
     if not isinstance(options, dict):
         raise ValueError(f"wandb_funnel: {ENV_INSTALL} must be a JSON object, got {raw!r:.80}")
-    return {**base, **options}
+    return options
+
+
+def options_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The funnel options for an installed process: what was exported to it, over the
+    ``WANDB_FUNNEL_<OPTION>`` variables (``_options.resolve``)."""
+    environ = os.environ if environ is None else environ
+    return resolve(exported_options(environ), environ)
 
 
 def install(**funnel_options: Any) -> None:
@@ -91,16 +96,18 @@ def install(**funnel_options: Any) -> None:
 
     Args:
         **funnel_options: the funnel's options (``FunnelOptions``: ``run_mode``, ``reduce``,
-            ...), used when a ``wandb.init`` here starts or hosts the funnel.
+            ...), used when a ``wandb.init`` here starts or hosts the funnel; over what
+            ``wandb-funnel run`` exported, over the ``WANDB_FUNNEL_*`` variables.
 
     Raises:
-        ValueError, TypeError: a bad option, named (checked now, not at ``wandb.init``).
+        ValueError, TypeError: a bad option (a variable's: named with its value), named
+            (checked now, not at ``wandb.init``).
     """
     global _installed
-    # Over what `wandb-funnel run` (or an installed parent) exported, and WANDB_FUNNEL_*,
-    # as they were before the first install() here: a second call replaces its options.
-    base = _installed.base if _installed is not None else options_from_env()
-    options = {**base, **funnel_options}
+    # Over what `wandb-funnel run` (or an installed parent) exported before the first
+    # install() here (a second call replaces its options), over WANDB_FUNNEL_*.
+    base = _installed.base if _installed is not None else exported_options(os.environ)
+    options = resolve({**base, **funnel_options})
     FunnelOptions(**options)  # validated at the call site
     if "wandb" not in sys.modules:  # the logger imports wandb beside this import
         prewarm.start()
@@ -129,7 +136,7 @@ def install_into(wandb: Any) -> None:
         if _installed is None:
             options = options_from_env()
             FunnelOptions(**options)
-            _installed = _Installed(wandb, options, options)
+            _installed = _Installed(wandb, options, exported_options(os.environ))
             _patch(wandb)
 
 
