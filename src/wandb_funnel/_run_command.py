@@ -133,7 +133,7 @@ def main(parser: argparse.ArgumentParser, args: argparse.Namespace, target: list
         FunnelOptions(**options)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
-    from wandb_funnel._wandb_module.install import export
+    from wandb_funnel._wandb_module.hooks import export
 
     program = shutil.which(target[0])
     if program is None:

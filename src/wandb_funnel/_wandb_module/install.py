@@ -27,10 +27,9 @@ from wandb_funnel import _api, _current, _init_keywords
 from wandb_funnel._constants import ENV_INSTALL, ORIGINAL_ATTRIBUTE
 from wandb_funnel._options import FunnelOptions, resolve
 from wandb_funnel._owner import prewarm
+from wandb_funnel._wandb_module.hooks import BOOTSTRAP_DIR, export
 from wandb_funnel._wandb_module.wandb_run import as_installed
 from wandb_funnel._worker.run import Run
-
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "_bootstrap")
 
 # The module attributes wandb.init sets to the run's methods (wandb.sdk.lib.module.set_global),
 # and that it puts back to pre-init stubs on finish.
@@ -122,12 +121,6 @@ def install(**funnel_options: Any) -> None:
         export(options)
 
 
-def prewarm_logger() -> None:
-    """Start this process's logger ahead of time, as ``import wandb`` begins here
-    (``_owner/prewarm.py`` says where that pays)."""
-    prewarm.start()
-
-
 def install_into(wandb: Any) -> None:
     """Install with the exported options into ``wandb``, just imported in a process started
     from an installed one (``_bootstrap/sitecustomize.py``)."""
@@ -162,14 +155,6 @@ def uninstall() -> None:
 
 def is_installed() -> bool:
     return _installed is not None
-
-
-def export(options: Mapping[str, Any]) -> None:
-    """Install into every Python process started from now on, with ``options``."""
-    os.environ[ENV_INSTALL] = json.dumps(dict(options))
-    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if BOOTSTRAP_DIR not in parts:
-        os.environ["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, *parts])
 
 
 def _mark(function: Callable[..., Any], original: Any) -> Callable[..., Any]:
