@@ -20,7 +20,9 @@ from wandb_funnel._constants import (
     MEDIA_DIR,
     RUN_INFO_FILE,
 )
+from wandb_funnel._deadline import Deadline
 from wandb_funnel._options import FunnelOptions, Topology
+from wandb_funnel._outcomes import CloseOutcome
 from wandb_funnel._owner import prewarm
 from wandb_funnel._owner.logger_process import LoggerProcess, logger_env
 from wandb_funnel._owner.run_request import prepare
@@ -271,41 +273,41 @@ class Funnel:
             code = 0 if exit_code is None else int(exit_code)
             self.exit_code = code
             lifecycle.remove_shutdown_callback(self._close_on_exit)
-            deadline = time.monotonic() + self.options.close_timeout
+            close = Deadline(self.options.close_timeout)
             logger = self._logger
             if self._supervisor is not None:
                 # No restart from now on; a restart under way may finish within half the time.
                 logger = self._supervisor.stop(self.options.close_timeout / 2)
             try:
-                self._close_logger(logger, code, deadline, footer)
+                self._close_logger(logger, code, close, footer)
             finally:
                 # The logger is done and none will follow: the socket goes first, so that a
                 # stream still open here does not wait for a successor (its unsaved records).
                 remove_ipc_dir(self._ipc_dir)
-                stream.close_all("owner closed", max(0.1, deadline - time.monotonic()), code)
+                stream.close_all("owner closed", max(0.1, close.remaining()), code)
                 self._restore_env()
                 _current.forget(self._run)
 
     def _close_logger(
-        self, logger: LoggerProcess, code: int, deadline: float, footer: bool
+        self, logger: LoggerProcess, code: int, close: Deadline, footer: bool
     ) -> None:
         if logger.returncode is None:
             # Our own streams (rank 0 and any later init() here) say goodbye first.
             for own in stream.open_streams():
                 # Not until saved (0.2 s, the transaction log's flush): the run's finish comes
                 # next, and the supervisor has stopped (no logger would replace this one).
-                budget = max(0.0, min(2.0, deadline - time.monotonic()))
+                budget = min(2.0, close.remaining())
                 own.close("owner closed", budget, code, wait_saved=False)
-        outcome, self.stats = logger.close(code, deadline, footer)
+        outcome, self.stats = logger.close(code, close.deadline, footer)
         self._read_what_the_logger_left()
-        if outcome == "already-exited":
+        if outcome is CloseOutcome.ALREADY_EXITED:
             warnings.warn(
                 f"wandb-funnel: the logger (pid {logger.pid}) had already exited with code "
                 f"{logger.returncode}; the run may be missing its last rows and exit record",
                 FunnelWarning,
                 stacklevel=4,
             )
-        elif outcome == "killed":
+        elif outcome is CloseOutcome.KILLED:
             warnings.warn(
                 f"wandb-funnel: the logger (pid {logger.pid}) did not finish the run within "
                 f"close_timeout={self.options.close_timeout}s and was killed; rows still "

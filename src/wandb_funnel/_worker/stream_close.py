@@ -12,6 +12,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from wandb_funnel._constants import FINAL_FLUSH_TIMEOUT, RESTART_WAIT, SAVED_WAIT
+from wandb_funnel._deadline import Deadline
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Ack, Goodbye
 from wandb_funnel._protocol.sockets import ClientSocket
@@ -74,9 +75,9 @@ class StreamEnd:
         restart_by: float | None,
         wait_saved: bool = True,
     ) -> None:
-        started = time.monotonic()
-        deadline = started + timeout
-        if not self._lock.acquire(timeout=max(0.0, timeout)):
+        close = Deadline(timeout)
+        deadline = close.deadline
+        if not self._lock.acquire(timeout=close.budget):
             return
         try:
             if self.closed:
@@ -86,13 +87,14 @@ class StreamEnd:
             # takes seconds, more on a loaded machine (8 s seen at 4 jobs on 2 cores).
             if restart_by is None:
                 restart_by = time.monotonic() + RESTART_WAIT
-            restart_deadline = max(deadline, restart_by)
+            restart = Deadline(max(deadline, restart_by) - close.start, close.start)
+            restart_deadline = restart.deadline
 
             def left() -> float:
                 if alive:
-                    return max(0.0, deadline - time.monotonic())
+                    return close.remaining()
                 if self._may_be_restarted():  # the queue drains into its successor
-                    return max(0.0, restart_deadline - time.monotonic())
+                    return restart.remaining()
                 return 0.0
 
             def room() -> float:
@@ -133,7 +135,7 @@ class StreamEnd:
             # Once the logger confirmed receipt nothing is queued; otherwise a bounded linger
             # lets what is still queued leave (none when the logger is known dead).
             self._sock.close(0.0 if received is not None else left())
-            self._report_loss(alive, received, said_goodbye, time.monotonic() - started)
+            self._report_loss(alive, received, said_goodbye, close.elapsed())
         finally:
             self._lock.release()
             flusher.unregister(self)  # type: ignore[arg-type]
