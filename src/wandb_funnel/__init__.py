@@ -6,6 +6,7 @@ wandb run, orders records by step and rank, reduces across ranks, and always fin
 
 from __future__ import annotations
 
+import importlib as _importlib
 import typing as _typing
 
 from wandb_funnel._version import __version__
@@ -30,15 +31,15 @@ def __getattr__(name: str) -> _typing.Any:
     every process's startup hook import this package, and neither needs zmq, the codec or
     the owner to start (0.1 s of `wandb-funnel run`'s startup, benchmarks/startup.py)."""
     if name in ("finish", "init", "log"):
-        from wandb_funnel import _api as module
+        module = _importlib.import_module("wandb_funnel._api")
     elif name == "FunnelOptions":
-        from wandb_funnel import _options as module
+        module = _importlib.import_module("wandb_funnel._options")
     elif name == "Funnel":
-        from wandb_funnel._owner import funnel as module
+        module = _importlib.import_module("wandb_funnel._owner.funnel")
     elif name in ("Histogram", "Image", "Table"):
-        from wandb_funnel._worker import media as module
+        module = _importlib.import_module("wandb_funnel._worker.media")
     elif name == "Run":
-        from wandb_funnel._worker import run as module
+        module = _importlib.import_module("wandb_funnel._worker.run")
     else:
         raise AttributeError(f"module 'wandb_funnel' has no attribute {name!r}")
     value = getattr(module, name)

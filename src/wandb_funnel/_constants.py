@@ -42,8 +42,6 @@ ENV_WARM: Final = "_WANDB_FUNNEL_WARM"
 # "0": no logger is started ahead of time (on by default where it can pay: prewarm.py).
 ENV_PREWARM: Final = "WANDB_FUNNEL_PREWARM"
 
-# What the logger writes once a second in its private directory for `wandb-funnel status`.
-STATUS_FILE: Final = "status.json"
 ENV_REPLAY: Final = "_WANDB_FUNNEL_REPLAY"  # "records,bytes": a rank's replay buffer bound
 EXPORTED_ENV: Final = (
     ENV_ADDRESS,
@@ -82,13 +80,6 @@ CONSOLE_LINES_PER_S: Final = 1_000
 CONSOLE_BURST: Final = 10_000
 CONSOLE_PENDING_CHARS: Final = 4 * 1024 * 1024
 DEFAULT_STATS_INTERVAL: Final = 15.0  # wandb's own default
-# The staging directory: this name inside the funnel's private (0700) socket directory.
-MEDIA_DIR: Final = "media"
-# The logger's accounting, when a close cut short inside wandb leaves it no DONE to send.
-FINAL_STATS: Final = "final-stats.json"
-# What the open run says about itself (name, dir, url), for processes on the logger's node
-# that have no stream of their own to ask with (an online run opens in the background).
-RUN_INFO_FILE: Final = "run-info.json"
 DEFAULT_REORDER_WINDOW: Final = 2.0  # seconds a row may wait for a straggling rank
 DEFAULT_STALL_TIMEOUT: Final = 300.0  # seconds without progress before a stall is reported
 DEFAULT_MAX_PENDING_ROWS: Final = 10_000  # rows held for reordering before the oldest is forced

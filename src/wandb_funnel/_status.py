@@ -22,7 +22,7 @@ import tempfile
 import time
 from typing import Any
 
-from wandb_funnel._constants import STATUS_FILE
+from wandb_funnel import _private_dir
 from wandb_funnel._pid import pid_alive
 
 STALE_AFTER = 10.0
@@ -63,7 +63,7 @@ def funnels(now: float | None = None) -> list[dict[str, Any]]:
     seen: set[str] = set()
     out: list[dict[str, Any]] = []
     for base in dict.fromkeys((tempfile.gettempdir(), "/tmp")):
-        for path in sorted(glob.glob(os.path.join(base, "wandb-funnel-*", STATUS_FILE))):
+        for path in sorted(glob.glob(os.path.join(base, "wandb-funnel-*", _private_dir.STATUS))):
             real = os.path.realpath(path)
             if real in seen:
                 continue

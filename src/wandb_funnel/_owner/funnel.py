@@ -4,7 +4,6 @@ time on every exit path."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -12,13 +11,10 @@ import warnings
 from types import TracebackType
 from typing import Any
 
-from wandb_funnel import _current, _environ
+from wandb_funnel import _current, _environ, _private_dir
 from wandb_funnel._constants import (
     ENV_LOGGER_PID,
     EXPORTED_ENV,
-    FINAL_STATS,
-    MEDIA_DIR,
-    RUN_INFO_FILE,
 )
 from wandb_funnel._deadline import Deadline
 from wandb_funnel._options import FunnelOptions, Topology
@@ -38,15 +34,6 @@ from wandb_funnel._worker import lifecycle, stream
 from wandb_funnel._worker.run import AttachInfo, Run
 from wandb_funnel.errors import FunnelWarning
 from wandb_funnel.sinks import Backend, backend
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path) as f:
-            stats = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return stats if isinstance(stats, dict) else None
 
 
 class Funnel:
@@ -159,7 +146,7 @@ class Funnel:
             self._curve = new_curve_keys()
         self._address, self._ipc_dir = private_ipc_endpoint()
         # Media files are staged here by name (_worker/media.py); it goes with the directory.
-        os.mkdir(os.path.join(self._ipc_dir, MEDIA_DIR), 0o700)
+        os.mkdir(_private_dir.path(self._ipc_dir, _private_dir.MEDIA), 0o700)
         program = self._sink.program(started)
         warm = prewarm.take()  # a logger started ahead of time, already past its imports
         try:
@@ -322,13 +309,13 @@ class Funnel:
             return
         if self.stats is None:
             # A logger out of time inside wandb leaves its accounting here before it exits.
-            self.stats = _read_json(os.path.join(self._ipc_dir, FINAL_STATS))
+            self.stats = _private_dir.read_json(self._ipc_dir, _private_dir.FINAL_STATS) or None
         run = self._run
         if run is not None and run._info.run_info is None:
             # The run opened in the background: its name and dir stay readable after the
             # close, which removes the file they were read from.
-            info = _read_json(os.path.join(self._ipc_dir, RUN_INFO_FILE))
-            if info is not None:
+            info = _private_dir.read_json(self._ipc_dir, _private_dir.RUN_INFO)
+            if info:
                 run._info = run._info._replace(run_info=info)
 
     def _close_on_exit(self, exit_code: int, reason: str) -> None:

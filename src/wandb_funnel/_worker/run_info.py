@@ -16,8 +16,8 @@ import warnings
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from wandb_funnel import _pid
-from wandb_funnel._constants import RUN_INFO_FILE, RUN_INFO_TIMEOUT
+from wandb_funnel import _pid, _private_dir
+from wandb_funnel._constants import RUN_INFO_TIMEOUT
 from wandb_funnel._protocol.messages import RUN
 from wandb_funnel._worker.run_data import run_tags, run_text
 from wandb_funnel._worker.run_updates import RunUpdates
@@ -53,8 +53,9 @@ class RunInfo(RunUpdates):
         node otherwise: reading a property must not make a process a rank."""
         stream = self._stream
         address = self._info.address
-        if (stream is None or stream.pid != os.getpid()) and address.startswith("ipc://"):
-            path = os.path.join(os.path.dirname(address[len("ipc://") :]), RUN_INFO_FILE)
+        directory = _private_dir.of_address(address)
+        if (stream is None or stream.pid != os.getpid()) and directory is not None:
+            path = _private_dir.path(directory, _private_dir.RUN_INFO)
             return _wait_for_json(path, RUN_INFO_TIMEOUT, self._info.logger_pid)
         return self._live_stream().fetch_run_info(RUN_INFO_TIMEOUT)
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import msgpack
 
-from wandb_funnel._constants import MEDIA_DIR, MEDIA_INFLIGHT_BYTES, REMOTE_MEDIA_BYTES
+from wandb_funnel import _private_dir
+from wandb_funnel._constants import MEDIA_INFLIGHT_BYTES, REMOTE_MEDIA_BYTES
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import MEDIA_EXT
 from wandb_funnel.sinks.wandb.objects import describe, wandb_class
@@ -296,6 +297,5 @@ class _DroppedError(Exception):
 def staging_dir_for(address: str) -> str | None:
     """The staging directory of the funnel at ``address``: beside its IPC socket on the
     logger's host; None over TCP (another node: no shared disk)."""
-    if not address.startswith("ipc://"):
-        return None
-    return os.path.join(os.path.dirname(address[len("ipc://") :]), MEDIA_DIR)
+    directory = _private_dir.of_address(address)
+    return None if directory is None else _private_dir.path(directory, _private_dir.MEDIA)
