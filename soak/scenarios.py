@@ -8,7 +8,8 @@ the fault actions and the harness are the package's (``wandb_funnel.soak``); the
 in ``programs/`` beside this file, each a script a user could have written, reporting through
 ``wandb_funnel.soak.probe``.
 
-A scenario's expectations are the documented behaviour (README, "Exit paths"):
+A scenario's expectations are the documented behaviour (docs/guide/lifecycle.md,
+"Lifecycle guarantees"):
 - ``owner_exit``: the return codes the owner (or torchrun) may end with;
 - ``run_exit``: the exit code the ``.wandb`` file's exit record must carry, or ``None`` when
   the fault takes the logger or wandb-core down, so that no exit record can be written;

@@ -8,7 +8,7 @@ The same fairseq stand-in as ``report_fairseq4619_plain.py``, with ``wandb`` rep
 ``wf.init(project=..., name=run_name)`` on the master rank only, logs ``train_inner`` stats
 with ``wf.log(stats, step=num_updates)``, and nobody finishes the run. Under torchrun,
 ``wf.init`` on rank 0 hosts the funnel for a job of 2 ranks, but rank 1 never attaches
-("rank-0-only code behaves exactly as before", says the README): the logger must neither wait
+("rank-0-only code behaves exactly as before", says docs/guide/use.md): the logger must neither wait
 for rank 1's rows nor hold the exit for it beyond the bounds it documents.
 
 The job must exit soon after training (torchrun exit code 0), with every ``r0`` record in

@@ -177,10 +177,11 @@ class FunnelOptions:
         max_logger_restarts: how many times in 10 minutes the owner starts a new logger when
             the logger (or its wandb-core) dies; the run continues, and the ranks resend what
             was not saved. 0: never (the ranks then count what they could not send).
-        replay_max_records, replay_max_bytes: the bound of each rank's replay buffer: records
+        replay_max_records: the bound, in records, of each rank's replay buffer: records
             sent and not yet saved in the run's transaction log, resent to a restarted
             logger. Past it the oldest are forgotten (never waited for); a restart then
             counts them in ``_funnel/dropped_records``.
+        replay_max_bytes: the same bound in bytes of encoded records.
 
     Raises:
         ValueError: an option of the wrong type or out of range, named.

@@ -194,7 +194,7 @@ def test_a_kill_with_media_in_flight_leaves_nothing_staged(scripts: Scripts, kil
     else:
         # The flooding rank is killed about when the successor starts, so it resends little
         # or nothing: images in the dead logger's rows past its last state are in the run
-        # but not counted (docs/DESIGN.md, "Open"); none is counted twice.
+        # but not counted (docs/DESIGN.md, "Known open problems"); none is counted twice.
         assert stats["_funnel/media"] <= images
         assert stats["_funnel/logger_restarts"] == 1
         assert len(run.segments) == 2, run.segments

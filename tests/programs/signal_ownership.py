@@ -2,8 +2,8 @@
 at a chosen moment, in the owner or in a worker; it prints what happened as REPORT lines.
 
 Run by ``tests/processes/test_signal_ownership.py``, which checks the outcome against the
-contract in the README's signal table. The signal is sent by the process to itself from
-inside the funnel, at the worst places, so every run takes the same path:
+contract in the signal table of docs/guide/lifecycle.md. The signal is sent by the process to
+itself from inside the funnel, at the worst places, so every run takes the same path:
 
 - ``training``: inside ``log()``, while the first full batch is being encoded for sending;
 - ``send``: inside ``log()``, once that batch is numbered and parked, as it goes to the socket;

@@ -1,7 +1,7 @@
 """Process lifecycle: exit hooks, the SIGTERM hook, exit codes, and whether a pid still lives.
 
-Signal ownership (the README's table says the same to users). The library never swallows a
-signal and never displaces a handler it did not install:
+Signal ownership (the table in docs/guide/lifecycle.md says the same to users). The library
+never swallows a signal and never displaces a handler it did not install:
 
 - Our SIGTERM hook is installed **once per process**, when the process first attaches, and only
   over ``SIG_DFL`` or a Python handler; never over ``SIG_IGN``. A handler installed later (by

@@ -31,6 +31,9 @@ _SAME_ON_EVERY_RANK = {STEP_KEY: "first", "epoch": "first"}
 
 
 class FunnelLogger(WandbLogger):
+    """Lightning's ``WandbLogger`` whose ``log_metrics`` runs on every rank, reduced by the
+    funnel into one run without a collective (the module's docstring says how)."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Installed, so that `wandb.log` and `wandb.config` in the user's model code reach

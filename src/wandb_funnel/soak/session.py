@@ -60,7 +60,7 @@ class _Session:
         # out of the table), then the table is written. A third Ctrl-C interrupts as usual.
         # Flags only: the main loop says what they mean (a handler that prints can land
         # inside another write to stderr; suspected, not shown, where a second Ctrl-C's
-        # message never came in 2 of 3 full-tier runs: docs/DESIGN.md "Open").
+        # message never came in 2 of 3 full-tier runs: docs/DESIGN.md, "Known open problems").
         if self.aborting.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if self.stopping.is_set():
