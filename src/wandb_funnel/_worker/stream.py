@@ -28,7 +28,7 @@ from wandb_funnel._constants import (
     SEND_HWM,
 )
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Blob, Hello, Rehello, Saved, Welcome
+from wandb_funnel._protocol.messages import Ack, Blob, Hello, Rehello, Saved, Welcome
 from wandb_funnel._protocol.sockets import STREAM_PREFIX, ClientSocket
 from wandb_funnel._worker import console, flusher
 from wandb_funnel._worker.flusher import close_all, flush_all, open_streams
@@ -152,23 +152,6 @@ class Stream(StreamEnd):
                     )
                 timeout = 0.0  # what is left is numbered and counted now, not waited for
 
-    def _say_hello_again(self) -> None:
-        """A restarted logger does not know us: say hello with the range we resend, then
-        resend every batch it has not saved, then our goodbye if we said it (lock held).
-        ZeroMQ keeps the order, so the new logger sees them in this order."""
-        inflight = self._inflight
-        resume = self._replay.resume(self._seq, None if inflight is None else inflight[2])
-        hello = self._hello_message._replace(requested_rank=self._rank, resume=resume)
-        if not self._sock.send_within(codec.encode_hello(hello), 0.5):
-            return
-        self.replays += 1
-        for frame in self._replay.frames():
-            if not self._sock.send_within(frame, 0.5):
-                break  # what did not fit is a gap the logger counts as dropped
-        self._last_sent = time.monotonic()
-        if self._goodbye is not None:
-            self._sock.send_within(self._goodbye, 0.5)
-
     def send_blob(self, name: str, data: bytes) -> bool:
         """Send a media file's bytes in chunks, ahead of the record that names it (this
         process's records leave in batches later, so the logger has the file first). Never
@@ -262,6 +245,28 @@ class Stream(StreamEnd):
                     return False
                 if self._read_reply(min(left, 0.05)) is None and not self.logger_alive():
                     return False
+
+    def _await_ack(self, deadline: float, restart_deadline: float | None = None) -> int | None:
+        """The logger's receipt, by ``deadline``; if its pid is gone and the owner restarts
+        it, by ``restart_deadline``, poking the address so that its successor hears of us."""
+        while True:
+            left = deadline - time.monotonic()
+            if left > 0:
+                ack = self._read_reply(min(left, 0.05))
+                if isinstance(ack, Ack):
+                    return ack.received
+                if ack is not None or self.logger_alive():
+                    continue
+            elif self.logger_alive():
+                return None  # a live logger had its time: it is behind, or stalled
+            # Its pid is gone (looked at past the deadline too: a close whose budget went on
+            # sending must not leave for a logger that is being replaced).
+            if not self._may_be_restarted():
+                return None
+            if restart_deadline is None or time.monotonic() >= restart_deadline:
+                return None
+            deadline = max(deadline, restart_deadline)
+            self._poke()
 
     def _read_reply(self, timeout: float) -> Any:
         """Read one reply from the logger (caller holds the lock); a Welcome sets our rank."""

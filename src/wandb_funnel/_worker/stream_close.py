@@ -1,6 +1,7 @@
 """The end of a rank's stream: what is left and a goodbye, the logger's receipt, and (when
 the logger died and the owner replaces it) the wait for its successor; then, with numbers,
-what may be missing from the run. ``Stream`` takes these methods from ``StreamEnd``.
+what may be missing from the run. And what a stream says to that successor whenever it comes:
+hello again, and every batch not yet saved. ``Stream`` takes these methods from ``StreamEnd``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from wandb_funnel._constants import FINAL_FLUSH_TIMEOUT, RESTART_WAIT, SAVED_WAIT
 from wandb_funnel._deadline import Deadline
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Ack, Goodbye
+from wandb_funnel._protocol.messages import Goodbye, Hello
 from wandb_funnel._protocol.sockets import ClientSocket
 from wandb_funnel._worker import console, flusher, lifecycle
 from wandb_funnel._worker.replay import ReplayBuffer
@@ -41,11 +42,18 @@ class StreamEnd:
     _goodbye: bytes | None
     _last_sent: float
     _logger_pid: int | None
+    _rank: int | None
+    _hello_message: Hello
+    _inflight: tuple[bytes, int, int] | None
+    replays: int
 
     if TYPE_CHECKING:
 
         def _send_batch(self, timeout: float) -> None: ...
         def _read_reply(self, timeout: float) -> Any: ...
+        def _await_ack(
+            self, deadline: float, restart_deadline: float | None = None
+        ) -> int | None: ...
         def _rank_text(self) -> str: ...
         def logger_alive(self) -> bool: ...
 
@@ -141,28 +149,6 @@ class StreamEnd:
             flusher.unregister(self)  # type: ignore[arg-type]
             console.forget(self)
 
-    def _await_ack(self, deadline: float, restart_deadline: float | None = None) -> int | None:
-        """The logger's receipt, by ``deadline``; if its pid is gone and the owner restarts
-        it, by ``restart_deadline``, poking the address so that its successor hears of us."""
-        while True:
-            left = deadline - time.monotonic()
-            if left > 0:
-                ack = self._read_reply(min(left, 0.05))
-                if isinstance(ack, Ack):
-                    return ack.received
-                if ack is not None or self.logger_alive():
-                    continue
-            elif self.logger_alive():
-                return None  # a live logger had its time: it is behind, or stalled
-            # Its pid is gone (looked at past the deadline too: a close whose budget went on
-            # sending must not leave for a logger that is being replaced).
-            if not self._may_be_restarted():
-                return None
-            if restart_deadline is None or time.monotonic() >= restart_deadline:
-                return None
-            deadline = max(deadline, restart_deadline)
-            self._poke()
-
     def _await_saved(self, soon: float, deadline: float) -> None:
         """Until our records are saved, by ``soon``; if the logger dies meanwhile and the
         owner restarts it, until its successor has them, by ``deadline``."""
@@ -178,6 +164,23 @@ class StreamEnd:
                     return
                 waiting_for_a_restart = True
                 self._poke()
+
+    def _say_hello_again(self) -> None:
+        """A restarted logger does not know us: say hello with the range we resend, then
+        resend every batch it has not saved, then our goodbye if we said it (lock held).
+        ZeroMQ keeps the order, so the new logger sees them in this order."""
+        inflight = self._inflight
+        resume = self._replay.resume(self._seq, None if inflight is None else inflight[2])
+        hello = self._hello_message._replace(requested_rank=self._rank, resume=resume)
+        if not self._sock.send_within(codec.encode_hello(hello), 0.5):
+            return
+        self.replays += 1
+        for frame in self._replay.frames():
+            if not self._sock.send_within(frame, 0.5):
+                break  # what did not fit is a gap the logger counts as dropped
+        self._last_sent = time.monotonic()
+        if self._goodbye is not None:
+            self._sock.send_within(self._goodbye, 0.5)
 
     def _may_be_restarted(self) -> bool:
         """Whether a new logger may still come for our unsaved records: restarts are on and
