@@ -18,6 +18,7 @@ import wandb_funnel as wf
 from wandb_funnel import _pid
 from wandb_funnel._constants import ENV_INSTALL, ORIGINAL_ATTRIBUTE
 from wandb_funnel._protocol import codec
+from wandb_funnel._wandb_module import hooks
 from wandb_funnel._wandb_module import install as installer
 from wandb_funnel._wandb_module.wandb_run import as_installed
 from wandb_funnel._worker.run import AttachInfo, Run
@@ -80,7 +81,7 @@ def test_install_patches_the_run_api_and_leaves_the_rest(installed: None) -> Non
     assert installer._installed.options == {"run_mode": "shared"}
     # Processes started from here install too.
     assert json.loads(os.environ[ENV_INSTALL]) == {"run_mode": "shared"}
-    assert os.environ["PYTHONPATH"].split(os.pathsep) == [installer.BOOTSTRAP_DIR, "/somewhere"]
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == [hooks.BOOTSTRAP_DIR, "/somewhere"]
 
 
 def test_uninstall_puts_everything_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,7 +169,7 @@ def test_the_startup_hook_installs_once_wandb_is_imported(tmp_path: Any) -> None
     other.mkdir()
     (other / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = '1'\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_FUNNEL_")}
-    env["PYTHONPATH"] = os.pathsep.join([installer.BOOTSTRAP_DIR, str(other)])
+    env["PYTHONPATH"] = os.pathsep.join([hooks.BOOTSTRAP_DIR, str(other)])
     env[ENV_INSTALL] = json.dumps({"reduce": "max"})
     # A process that never imports wandb does not pay for it; a sitecustomize we shadow runs.
     assert (
@@ -211,7 +212,7 @@ def test_a_process_that_never_calls_init_gets_no_exit_work(tmp_path: Any) -> Non
     # Rank 1 of a torchrun job, as in timm's case (a top-level process of its own would
     # start a logger ahead of time at `import wandb`: tests/processes/test_prewarm.py).
     plain.update(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-    installed = dict(plain, PYTHONPATH=installer.BOOTSTRAP_DIR, **{ENV_INSTALL: "{}"})
+    installed = dict(plain, PYTHONPATH=hooks.BOOTSTRAP_DIR, **{ENV_INSTALL: "{}"})
     hooks_plain, threads_plain = json.loads(_python(code, plain))
     hooks_installed, threads_installed = json.loads(_python(code, installed))
     assert threads_installed == threads_plain

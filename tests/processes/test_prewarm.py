@@ -16,7 +16,7 @@ INSTALLED = {"_WANDB_FUNNEL_INSTALL": "{}"}
 
 
 def _installed(scripts: Scripts) -> dict[str, str]:
-    from wandb_funnel._wandb_module.install import BOOTSTRAP_DIR
+    from wandb_funnel._wandb_module.hooks import BOOTSTRAP_DIR
 
     return {**INSTALLED, "PYTHONPATH": BOOTSTRAP_DIR}
 
