@@ -63,14 +63,16 @@ class Rank:
 
 
 class Logger:
-    """The logger's parts that exactly-once runs through: streams, journal, one writer."""
+    """The logger's parts that exactly-once runs through: streams, journal, one writer.
+    ``looks``: its journal looks at what is on disk after each write (else never: it dies
+    before its first look)."""
 
     def __init__(self, directory: str, generation: int, looks: bool = True) -> None:
         before = continuity.resume(directory, generation)
         # A clock that moves a save period a look: the journal looks at what is on disk
         # after every write (a real logger looks every 0.2 s: a death between a write and
         # its look costs a count, not a record, as the last test says).
-        clock = itertools.count(0.0, 1.0 if looks else 0.0).__next__
+        clock = itertools.count(0.0, 1.0).__next__ if looks else (lambda: -1.0)
         self.journal = Journal(directory, before, clock=clock)
         self.streams = Streams(1, before.saved, before.ranks)
         self.sink = RecordingSink(directory, {"id": RUN}, generation)
@@ -80,6 +82,8 @@ class Logger:
         self.writer.journal = self.journal.for_run(main=True)
         self.writer.steps.next_step = before.next_step
         self.lost = 0  # counted as dropped here: what ranks could no longer resend
+        # as open_run does: a successor knows this segment before its first row
+        self.journal.state({None: self.writer}, self.streams.used_ranks, {1, 2}, {})
 
     def hello(self, rank: Rank, hello: Hello) -> None:
         _, _, lost = self.streams.hello(rank.identity, hello, 0.0)
@@ -226,3 +230,58 @@ def test_a_death_before_the_journal_looked_counts_more_never_loses(
             assert set(seen.values()) <= {1}, "a record written twice"
             missing += total - len(seen)
         assert missing <= lost
+
+
+def _two_deaths(
+    directory: str, batches: list[int], first: int, second: int, looks: tuple[bool, bool]
+) -> int:
+    """As ``_job``, with two deaths: the first logger dies after ``first`` batches, the
+    second after ``second`` (``looks``: whether each of the two ever looked at what is on
+    disk); the third takes the rest. Returns the records counted as lost."""
+    ranks = {1: Rank(1, 10**6), 2: Rank(2, 10**6)}
+    sent: list[tuple[Rank, bytes]] = []
+    step = 0
+    for size in batches:
+        sent += [(rank, rank.batch(list(range(step, step + size)))) for rank in ranks.values()]
+        step += size
+    lost = 0
+    for generation, (start, end) in enumerate([(0, first), (first, second), (second, None)]):
+        logger = Logger(directory, generation, (*looks, True)[generation])
+        for rank in ranks.values():
+            logger.hello(rank, rank.hello(resume=generation > 0))
+            if generation:
+                for frame in rank.buffer.frames():
+                    logger.frame(rank, frame)
+        for rank, frame in sent[2 * start : None if end is None else 2 * end]:
+            logger.frame(rank, frame)
+            logger.write_and_save(ranks)
+        lost += logger.lost
+        if end is not None:
+            logger.die()
+    logger.writer.finish(0, lambda w: {}, None)
+    logger.journal._taken_note.close()
+    return lost
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=8),
+    st.integers(0, 8),
+    st.integers(0, 8),
+    st.tuples(st.booleans(), st.booleans()),
+)
+def test_two_deaths_when_the_second_logger_never_saw_its_resends_saved(
+    batches: list[int], first: int, more: int, looks: tuple[bool, bool]
+) -> None:
+    """A logger killed before it saw the records resent to it saved (the soak's three
+    deaths under load): their rows are in the first dead logger's segment, not its own, and
+    the third logger must still know them (``Continuation.inherited``). Every record once."""
+    first = min(first, len(batches))
+    second = min(first + more, len(batches))
+    with tempfile.TemporaryDirectory() as directory:
+        lost = _two_deaths(directory, batches, first, second, looks)
+        assert lost == 0
+        for key, seen in _counts(directory).items():
+            twice = sorted(s for s, n in seen.items() if n > 1)
+            assert not twice, f"{key}: twice {twice}"
+            assert sorted(seen) == list(range(sum(batches))), key

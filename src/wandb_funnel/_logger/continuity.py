@@ -71,17 +71,39 @@ class Continuation(NamedTuple):
     # record at or above it is in none of the dead logger's rows, whatever its step.
     taken: dict[int, int]
     next_step: int = 0  # the step after the last row of the earlier segments (wandb's _step)
+    # The same (steps, taken) of the loggers before the dead one whose rows past the saved
+    # points may still be resent: a logger that died before it saw the records resent to it
+    # saved leaves them unsaved, and their rows are in its predecessor's segment, not its own.
+    inherited: tuple[tuple[frozenset[Any], dict[int, int]], ...] = ()
 
     @classmethod
     def empty(cls) -> Continuation:
         return cls(0, {}, set(), set(), [], {}, 0, 0, frozenset(), frozenset(), {}, {})
 
+    def layers(self) -> list[tuple[frozenset[Any], dict[int, int]]]:
+        """Every dead logger's (steps of its rows past the saved points, records taken)."""
+        return [(self.steps_after_saved, self.taken), *self.inherited]
+
     def in_dead_rows(self, rank: int, end_seq: int, records: list[Any]) -> list[bool]:
         """For resent ``records`` of ``rank`` (sequence numbers up to ``end_seq``, each
-        record's step first): which of them a row of the dead logger already holds."""
-        steps, taken = self.steps_after_saved, self.taken.get(rank, 0)
+        record's step first): which of them a row of a dead logger already holds."""
         first = end_seq - len(records)
-        return [first + i < taken and r[0] in steps for i, r in enumerate(records)]
+        layers = [(steps, taken.get(rank, 0)) for steps, taken in self.layers() if steps]
+        return [
+            any(first + i < taken and r[0] in steps for steps, taken in layers)
+            for i, r in enumerate(records)
+        ]
+
+    def dead_rows_to_carry(self, saved: dict[int, int]) -> list[dict[str, Any]]:
+        """The layers a successor still needs, as plain data: a rank's records below its
+        saved point are skipped before they are looked up here, so what a layer says of
+        them is dropped, and a layer with nothing left goes."""
+        out = []
+        for steps, taken in self.layers():
+            left = {r: t for r, t in taken.items() if t > saved.get(r, 0)}
+            if steps and left:
+                out.append({"steps": list(steps), "taken": {str(r): t for r, t in left.items()}})
+        return out
 
 
 class TakenNote:
@@ -172,6 +194,14 @@ def resume(ipc_dir: str | None, generation: int) -> Continuation:
         if lost_media and "_funnel/media" in base:
             base["_funnel/media"] = max(0, base["_funnel/media"] - lost_media)
         unstated = frozenset(s for s in after[len(recent) :] if isinstance(s, (int, float, str)))
+    inherited = tuple(
+        (
+            frozenset(s for s in layer.get("steps") or [] if isinstance(s, (int, float, str))),
+            {int(k): int(v) for k, v in (layer.get("taken") or {}).items()},
+        )
+        for layer in state.get("inherited") or []
+        if isinstance(layer, dict)
+    )
     return Continuation(
         generation=generation,
         saved={int(k): int(v) for k, v in (state.get("saved") or {}).items()},
@@ -186,6 +216,7 @@ def resume(ipc_dir: str | None, generation: int) -> Continuation:
         run_data=run_data,
         taken=taken,
         next_step=max((int(s.get("next_step") or 0) for s in segments), default=0),
+        inherited=inherited,
     )
 
 

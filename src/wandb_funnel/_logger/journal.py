@@ -111,7 +111,7 @@ class Journal:
         as logged). A resent record that a dead logger's row past its last saved point
         holds is in the run already; what it never took in is in none of its rows."""
         before = self.before
-        if not (replayed and before.steps_after_saved and records):
+        if not (replayed and records and any(steps for steps, _ in before.layers())):
             return records, []
         in_run = before.in_dead_rows(rank, end_seq, records)
         if not any(in_run):
@@ -186,12 +186,15 @@ class Journal:
         accounting so far (``Ledger``). In run_mode="new" (a run per rank) only the saved
         points and ranks: those runs are resumed, not de-duplicated by step."""
         before = self.before
-        saved: dict[int, int] = {}
+        saved: dict[int, int] = dict(before.saved)
         for each in writers.values():
             saved.update(each.journal.saves.saved)
         state: dict[str, Any] = {
             "generation": before.generation,
-            "saved": {str(k): v for k, v in {**before.saved, **saved}.items()},
+            "saved": {str(k): v for k, v in saved.items()},
+            # what the dead loggers' rows hold that may still be resent (a successor of this
+            # one looks there too: this one may die before it sees those records saved)
+            "inherited": before.dead_rows_to_carry(saved),
             "ranks": sorted(ranks),
             "active": sorted(active),
             "base": {k: stats[k] for k in ADDITIVE if k in stats},
