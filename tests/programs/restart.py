@@ -37,9 +37,16 @@ def work(
     media: bool = False,
     lag: float = 0.0,
     attributes: bool = False,
+    attached: Any = None,
 ) -> None:
     time.sleep(lag)
     run = wf.init()  # attaches to the owner's funnel (its address is in the environment)
+    assert run.rank is not None  # says hello now: the logger's rows wait for it from here
+    if attached is not None:
+        # Both workers attached before either logs: rows then wait for both (a worker that
+        # a loaded machine starts seconds after the other would make late rows, which are
+        # reorder_window's business, not a restart's; --lag tests those on purpose).
+        attached.wait(timeout=120)
     if attributes and i == 2:  # a restarted logger's segment must say them too
         run.name, run.notes, run.tags = ATTRIBUTES[0], ATTRIBUTES[1], ATTRIBUTES[2]
     for step in range(steps):
@@ -105,6 +112,7 @@ def _wait(cond: Any, what: str, timeout: float = 60.0) -> None:
 def kill_mid_run(args: argparse.Namespace) -> None:
     ctx = mp.get_context("spawn")
     progress = ctx.Array("i", [-1, -1, -1], lock=False)
+    attached = ctx.Barrier(2) if not args.lag else None
     with wf.Funnel(project="restart", max_logger_restarts=args.max_restarts) as funnel:
         report(run_id=funnel.run_id)
         workers = [
@@ -118,6 +126,7 @@ def kill_mid_run(args: argparse.Namespace) -> None:
                     args.media,
                     args.lag * (i == 2),
                     args.attributes,
+                    attached,
                 ),
             )
             for i in (1, 2)
