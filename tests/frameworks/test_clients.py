@@ -9,6 +9,7 @@ plain run, carry the name the user gave, be the only run, and end with exit code
 from __future__ import annotations
 
 import pathlib
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -44,9 +45,18 @@ ACCELERATE_LAUNCH = [
 ]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _command(client: str, out: pathlib.Path) -> list[str]:
     if client == "accelerate-launch":
-        return [*ACCELERATE_LAUNCH, str(PROGRAMS / "client_accelerate.py")]
+        # A port of its own: accelerate's default, 29500, is any other job's too (a CI run
+        # failed on EADDRINUSE there; torchrun's --standalone picks a free one itself).
+        port = ["--main_process_port", str(_free_port())]
+        return [*ACCELERATE_LAUNCH, *port, str(PROGRAMS / "client_accelerate.py")]
     program = str(PROGRAMS / f"client_{client}.py")
     if client == "lightning":  # Lightning starts its second process itself
         return [sys.executable, program, str(out)]
