@@ -170,7 +170,6 @@ def finish_runs(
     """Finish every run: its buffered rows (until the write deadline), its accounting (the
     ledger's), its exit code. In run_mode="new", a rank still unfinished at close did not
     finish in time: its run ends failed."""
-    shared = ledger.shared(runs, close.why)
     # Records the receiver dropped belong to the one run, unless there is a run per rank.
     elsewhere = receiver.dropped if runs.per_rank is None else 0
     for key, writer in list(runs.writers.items()):
@@ -180,7 +179,7 @@ def finish_runs(
         code = close.exit_code or EXIT_RANK_DIED if unfinished else exit_code
         writer.finish(
             code,
-            functools.partial(_accounting, ledger, shared, elsewhere, key is None),
+            functools.partial(_accounting, ledger, runs, close.why, elsewhere, key is None),
             close.write_deadline,
             close.step,
             progress,
@@ -188,9 +187,11 @@ def finish_runs(
 
 
 def _accounting(
-    ledger: Ledger, shared: dict[str, Any], elsewhere: int, main: bool, writer: RunWriter
+    ledger: Ledger, runs: Runs, why: str, elsewhere: int, main: bool, writer: RunWriter
 ) -> dict[str, Any]:
-    return ledger.for_run(writer, shared, elsewhere, main)
+    # Taken once the run's rows are written: media and files its last rows brought are in
+    # it, as in the owner's DONE (computed after every run finished).
+    return ledger.for_run(writer, ledger.shared(runs, why), elsewhere, main)
 
 
 def give_up(
