@@ -41,11 +41,16 @@ def test_sync_tensorboard_is_taken_from_wherever_wandb_reads_it(
     assert "sync_tensorboard" not in kwargs.get("settings", {})
 
 
+def _settings_with_capture_loggers() -> Any:
+    """A ``wandb.Settings`` where the installed wandb has ``capture_loggers``; before it
+    (wandb 0.22), the same settings as the dict a user can still pass."""
+    if "capture_loggers" in wandb.Settings.model_fields:
+        return wandb.Settings(capture_loggers={"mylog": "INFO"}, console="off")
+    return {"capture_loggers": {"mylog": "INFO"}, "console": "off"}
+
+
 def test_monitor_gym_and_capture_loggers_are_taken_too() -> None:
-    kwargs: dict[str, Any] = {
-        "monitor_gym": True,
-        "settings": wandb.Settings(capture_loggers={"mylog": "INFO"}, console="off"),
-    }
+    kwargs: dict[str, Any] = {"monitor_gym": True, "settings": _settings_with_capture_loggers()}
     local = take_local(kwargs)
     assert local == {"monitor_gym": True, "capture_loggers": {"mylog": "INFO"}}
     assert kwargs == {"settings": {"console": "off"}}  # the rest of the settings stays

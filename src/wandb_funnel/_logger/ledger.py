@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from wandb_funnel.sinks import Degradable
+
 if TYPE_CHECKING:
     from wandb_funnel._logger.health import Health
     from wandb_funnel._logger.journal import Journal
@@ -74,6 +76,12 @@ class Ledger:
         }
         for key, value in self._journal.earlier().items():
             out[key] = out.get(key, 0) + value
+        # A fact about the installed wandb, not a count that earlier segments add to.
+        lacks: set[str] = set()
+        for w in writers:
+            if isinstance(w.sink, Degradable):
+                lacks.update(w.sink.degraded)
+        out["_funnel/wandb_degraded"] = len(lacks)
         return out
 
     def shared(self, writers: Iterable[RunWriter], why: str) -> dict[str, Any]:

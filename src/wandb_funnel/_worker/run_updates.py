@@ -86,6 +86,12 @@ class RunUpdates:
             raise TypeError(
                 f"wandb_funnel: define_metric name must be a non-empty str, got {name!r}"
             )
+        if goal is not None and not _wandb_takes_goal():
+            # As plain wandb (0.29 and later, where goal is gone) refuses it: at the call.
+            raise TypeError(
+                "wandb_funnel: define_metric() got an unexpected keyword argument 'goal' "
+                "(this wandb's define_metric has none)"
+            )
         step_metric = getattr(step_metric, "name", step_metric)  # a wandb Metric object
         args = {
             "name": name,
@@ -160,3 +166,10 @@ class RunUpdates:
             raise self._finished_error(_UPDATE_CALLS.get(kind, "update"))
         frame = codec.encode_update(kind, data, self._info.max_record_bytes)
         return self._live_stream().send_control(frame)
+
+
+def _wandb_takes_goal() -> bool:
+    """Only a call with ``goal`` pays for reading wandb's signature (it imports wandb)."""
+    from wandb_funnel.sinks.wandb import compat
+
+    return compat.run_method_takes("define_metric", "goal")

@@ -106,6 +106,16 @@ class Sink(Protocol):
 
 
 @runtime_checkable
+class Degradable(Protocol):
+    """A sink that may go without a capability its backend lacks (an older wandb's:
+    ``sinks/wandb/compat.py``), checked with ``isinstance``: ``degraded`` names each, with
+    what going without it costs; the sink has said each once. ``_funnel/wandb_degraded``
+    counts them."""
+
+    degraded: dict[str, str]
+
+
+@runtime_checkable
 class Restartable(Protocol):
     """What only a logger's restart needs of a sink, checked with ``isinstance``: a sink
     without it is written as far as the rows go, and a logger that dies with it loses what
@@ -216,11 +226,11 @@ def open_sink(
     from wandb_funnel.sinks.wandb.run import WandbSink  # here: the other sinks never load wandb
 
     if opening is None or not opens_online(init_kwargs):
-        return WandbSink(init_kwargs, step_key, program, stats_pid)
+        return WandbSink(init_kwargs, step_key, program, stats_pid, say)
     from wandb_funnel.sinks.wandb.network import open_online
 
     def init(overrides: dict[str, Any]) -> WandbSink:
-        return WandbSink({**init_kwargs, **overrides}, step_key, program, stats_pid)
+        return WandbSink({**init_kwargs, **overrides}, step_key, program, stats_pid, say)
 
     sink, _ = open_online(
         init, init_kwargs, opening.deadline, opening.on_network_error, opening.closing, say

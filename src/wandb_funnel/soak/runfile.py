@@ -12,6 +12,7 @@ stats) is absent there: a check of that runs on wandb.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -19,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,8 +88,27 @@ def _wandb_cli() -> list[str]:
     return [sys.executable, "-m", "wandb"]
 
 
-def read_run(path: os.PathLike[str] | str) -> WandbRun:
-    """Parse one ``run-*.wandb`` file."""
+@functools.cache
+def _has_leet() -> bool:
+    """Whether the installed wandb's CLI has ``leet inspect --json`` (0.31 and later: 0.29
+    and 0.30 have ``leet inspect`` without it, older ones no ``leet`` at all)."""
+    done = subprocess.run(
+        [*_wandb_cli(), "leet", "inspect", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return done.returncode == 0 and "--json" in done.stdout
+
+
+def inspect_records(path: os.PathLike[str] | str) -> Iterator[dict[str, Any]]:
+    """Every record of one ``run-*.wandb`` file as ``wandb leet inspect --json`` gives it:
+    with wandb's own reader where the installed wandb has one, else decoded here with
+    wandb's own protobuf classes into the same shape (``_as_leet``)."""
+    if not _has_leet():
+        yield from _records_by_protobuf(path)
+        return
     out = subprocess.run(
         [*_wandb_cli(), "leet", "inspect", "--json", str(path)],
         capture_output=True,
@@ -95,12 +116,64 @@ def read_run(path: os.PathLike[str] | str) -> WandbRun:
         timeout=60,
         check=True,
     ).stdout
+    # not splitlines(): JSON leaves U+0085 and U+2028 raw
+    records = [json.loads(line) for line in out.split("\n") if line.strip()]
+    if os.environ.get(CHECK_READER_VAR):
+        _same_as_leet(path, records)
+    yield from records
+
+
+# Set (by the tests' conftest, where leet is there): every file read is decoded both ways,
+# and a difference fails the read: the fallback stays what leet says on the wandb that has it.
+CHECK_READER_VAR = "WANDB_FUNNEL_CHECK_READER"
+
+
+def _same_as_leet(path: os.PathLike[str] | str, records: list[dict[str, Any]]) -> None:
+    ours = list(_records_by_protobuf(path))
+    for theirs, mine in zip(records, ours, strict=False):
+        if {**theirs, "num": 0} != {**mine, "num": 0}:
+            raise AssertionError(f"{path}: leet read {theirs!r}, the fallback {mine!r}")
+    if len(records) != len(ours):
+        raise AssertionError(f"{path}: leet read {len(records)} records, the fallback {len(ours)}")
+
+
+def _records_by_protobuf(path: os.PathLike[str] | str) -> Iterator[dict[str, Any]]:
+    from wandb_funnel.sinks.wandb.txlog import records_as_dicts
+
+    for num, (kind, raw) in enumerate(records_as_dicts(str(path)), 1):
+        body = _as_leet(raw)
+        # Where leet writes a field protobuf's JSON leaves out (its value the default) or
+        # writes otherwise (an int64 as a number).
+        if kind == "history":
+            body["step"] = {"num": int(body.get("step", {}).get("num", 0))}
+        elif kind == "exit":
+            body.setdefault("exit_code", 0)
+        elif kind == "output_raw":
+            body.setdefault("output_type", "STDERR")  # the enum's 0
+        yield {"num": num, "type": kind, kind: body}
+
+
+def _as_leet(value: Any) -> Any:
+    """protobuf's JSON as leet gives it: a list of items (``key`` or ``nested_key``, and
+    ``value_json``) as one dict of their decoded values, keyed by the dotted key."""
+    if isinstance(value, dict):
+        return {k: _as_leet(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(v, dict) and "value_json" in v for v in value):
+            items = {
+                v.get("key") or ".".join(v.get("nested_key", [])): json.loads(v["value_json"])
+                for v in value
+            }
+            return dict(sorted(items.items()))  # leet's order
+        return [_as_leet(v) for v in value]
+    return value
+
+
+def read_run(path: os.PathLike[str] | str) -> WandbRun:
+    """Parse one ``run-*.wandb`` file."""
     run = WandbRun(pathlib.Path(path))
-    for line in out.split("\n"):  # not splitlines(): JSON leaves U+0085 and U+2028 raw
-        if not line.strip():
-            continue
-        rec = json.loads(line)
-        kind = rec.get("type")
+    for rec in inspect_records(path):
+        kind = str(rec.get("type"))
         run.record_types[kind] = run.record_types.get(kind, 0) + 1
         if kind == "run":
             body = rec["run"]

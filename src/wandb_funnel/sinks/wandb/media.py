@@ -18,6 +18,7 @@ import shutil
 from typing import TYPE_CHECKING, Any
 
 from wandb_funnel.sinks.refs import STAGED, BadMediaError, Walk
+from wandb_funnel.sinks.wandb import compat
 
 if TYPE_CHECKING:
     from wandb_funnel.sinks import Staging
@@ -251,10 +252,10 @@ def _save(data: dict[str, Any], entries: list[Any], staging: Staging, run: Any) 
     if pattern is None:  # an update without its glob: each file by its name
         for entry, _ in entries:
             path = os.path.join(files_dir, str(entry))
-            run.save(path, base_path=files_dir, policy=policy, glob=False)
+            compat.save(run, path, files_dir, policy, expand=False)
     else:
         path = os.path.join(files_dir, pattern)
-        run.save(path, base_path=files_dir, policy=policy, glob=data.get("expand") is not False)
+        compat.save(run, path, files_dir, policy, expand=data.get("expand") is not False)
 
 
 def _under_the_run(pattern: Any) -> bool:

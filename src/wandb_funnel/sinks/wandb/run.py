@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from wandb_funnel._constants import ORIGINAL_ATTRIBUTE, TRANSACTION_LOG_FLUSH_INTERVAL
 from wandb_funnel.sinks.refs import materialize
+from wandb_funnel.sinks.wandb import compat
 from wandb_funnel.sinks.wandb.media import Maker, log_files
 from wandb_funnel.sinks.wandb.settings import settings_to_dict
 from wandb_funnel.sinks.wandb.txlog import Tail, log_path
@@ -43,11 +44,15 @@ class WandbSink:
         step_key: str,
         program: dict[str, Any] | None = None,
         stats_pid: int | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         import sys
 
         import wandb
 
+        # What the installed wandb lacks (``compat``), each said once: sinks.Degradable.
+        self.degraded: dict[str, str] = {}
+        self._say = say
         kwargs = dict(init_kwargs)
         settings = settings_to_dict(kwargs.pop("settings", None))
         if program:
@@ -64,7 +69,9 @@ class WandbSink:
         # flush bounds what a crash of the logger or of wandb-core can lose to about a second.
         self.console = settings.get("console") != "off" and os.environ.get("WANDB_CONSOLE") != "off"
         settings["console"] = "wrap_raw" if self.console else "off"
-        settings.setdefault("x_transaction_log_flush_interval", TRANSACTION_LOG_FLUSH_INTERVAL)
+        funnel_settings: dict[str, Any] = {
+            "x_transaction_log_flush_interval": TRANSACTION_LOG_FLUSH_INTERVAL
+        }
         # Never patch this process's tensorboard or gym (WANDB_SYNC_TENSORBOARD would): the
         # ranks write the events, and their own patch sends the directories here
         # (_init_keywords); patching here would also import torch for nothing.
@@ -74,8 +81,9 @@ class WandbSink:
         # wandb-core's unlabelled system metrics (proc.*) measure x_stats_pid, by default the
         # process that calls wandb.init: here the logger. The run measures the training
         # process instead (the owner's, which called wandb.init), as plain wandb does.
-        if stats_pid and "x_stats_pid" not in settings and "WANDB_X_STATS_PID" not in os.environ:
-            settings["x_stats_pid"] = stats_pid
+        if stats_pid and "WANDB_X_STATS_PID" not in os.environ:
+            funnel_settings["x_stats_pid"] = stats_pid
+        compat.add_funnel_settings(settings, funnel_settings, self._degrade)
         self.stats_pid: int | None = _int_or_none(
             settings.get("x_stats_pid", os.environ.get("WANDB_X_STATS_PID"))
         )
@@ -106,6 +114,14 @@ class WandbSink:
             not (key.startswith("_funnel/") or (key == step_key and not self.user_step_key))
         )
         _footer_of_the_users_keys(self.run, lambda key: not self._footer_keys(key))
+
+    def _degrade(self, capability: str, consequence: str) -> None:
+        if capability in self.degraded:
+            return
+        self.degraded[capability] = consequence
+        if self._say is not None:
+            version = getattr(self._wandb, "__version__", "?")
+            self._say(f"this wandb ({version}) has no {capability}: {consequence}")
 
     def log(
         self, row: dict[str, Any], staging: Staging | None, step: int | None, commit: bool
@@ -154,7 +170,7 @@ class WandbSink:
     def stats(self, data: dict[str, Any]) -> None:
         """A ``stats`` record, as wandb-core's sampler writes one (wandb's private interface:
         there is no public way in)."""
-        self.run._interface.publish_stats(data)  # type: ignore[union-attr]
+        compat.publish_stats(self.run, data, self._degrade)  # without it: said once, left out
 
     def tensorboard(self, log_dir: str, save: bool, root_dir: str) -> None:
         """A rank's tensorboard log directory, handed to wandb as its own tensorboard patch
@@ -179,7 +195,8 @@ class WandbSink:
             output_type=kind.STDERR if stream == "stderr" else kind.STDOUT, line=text
         )
         record.timestamp.FromNanoseconds(int(timestamp * 1e9))
-        self.run._interface._publish_output_raw(record, nowait=False)  # type: ignore[union-attr]
+        if not compat.publish_output_raw(self.run, record, self._degrade):
+            raise RuntimeError("this wandb has no interface to publish console records")
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -171,6 +171,20 @@ def history_steps(path: str, skip: int) -> tuple[list[Any], int]:
     return steps, 0 if last is None else int(history(last).step.num) + 1
 
 
+def records_as_dicts(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every record of a transaction log as (its kind, protobuf's JSON of it with the
+    proto's field names): what the soak harness and the tests read back where the installed
+    wandb has no ``leet inspect --json`` (before 0.31; ``soak/runfile.py``)."""
+    from google.protobuf.json_format import MessageToDict
+    from wandb.proto import wandb_internal_pb2
+
+    for payload in Tail(path).records():
+        record = wandb_internal_pb2.Record.FromString(payload)  # type: ignore[attr-defined]
+        kind = record.WhichOneof("record_type")
+        if kind is not None:
+            yield kind, MessageToDict(getattr(record, kind), preserving_proto_field_name=True)
+
+
 def log_path(run_dir: str, run_id: str) -> str:
     """The transaction log of a run whose files directory is ``run_dir`` (``run.dir``)."""
     return os.path.join(os.path.dirname(run_dir.rstrip("/")), f"run-{run_id}.wandb")
