@@ -54,6 +54,7 @@ def test_the_logger_process_loads_no_worker_or_owner_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = json.loads(out.stdout)
     assert set(loaded) <= {
+        "wandb_funnel._attempts",  # the run as an attempt of a restarted job
         "wandb_funnel._constants",
         "wandb_funnel._deadline",  # the close's budget
         "wandb_funnel._options",

@@ -110,6 +110,11 @@ GATE: frozenset[str] = frozenset(
         # wandb-newest run the gate on the oldest and the newest)
         "processes/test_wandb_versions.py::test_this_wandb_gets_every_ranks_rows_console_metrics_and_files",
         "processes/test_wandb_versions.py::test_define_metric_goal_fails_at_the_call_where_plain_wandb_refuses_it",
+        # one run across a job's restarts: torchrun --max-restarts, a SLURM requeue after
+        # SIGTERM, two trainings in one allocation (plain wandb's runs beside, per attempt)
+        "processes/test_requeue.py::test_torchrun_max_restarts_continues_one_run_where_plain_wandb_makes_two",
+        "processes/test_requeue.py::test_a_slurm_requeue_after_sigterm_continues_one_run",
+        "processes/test_requeue.py::test_two_trainings_in_one_allocation_make_two_runs",
         "processes/test_pool.py::test_pool_workers_log_every_step",
         "processes/test_pool.py::test_fork_child_never_reuses_parent_socket",
         "processes/test_pool.py::test_socket_dir_is_private",

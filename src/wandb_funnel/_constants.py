@@ -142,3 +142,6 @@ RANK_SCOPES: Final = ("global", "worker")
 # What an online run does when W&B does not answer at start: record offline under the same
 # id (training goes on; `wandb sync` uploads it later), or raise as plain wandb.init does.
 ON_NETWORK_ERROR: Final = ("offline", "raise")
+# A job restarted by torchrun or requeued by SLURM: one run across its attempts, or a run per
+# attempt as plain wandb (_attempts.py).
+RESTARTS: Final = ("continue", "new")

@@ -120,7 +120,14 @@ def init_launched(
     # The hosting rank needs wandb.setup() and up to `timeout` for the logger; the others wait
     # for it with room to spare, so a slow but healthy host is not mistaken for a failed one.
     rendezvous = Rendezvous(env, next(_generations), 2 * options.start_timeout + 30)
-    base = _agree_on_base(rendezvous, env, wandb_init_kwargs.pop("id", None), first_caller_hosts)
+    base = _agree_on_base(
+        rendezvous,
+        env,
+        wandb_init_kwargs.pop("id", None),
+        first_caller_hosts,
+        options.restarts,
+        wandb_init_kwargs,
+    )
     plan = _Plan.of(env, options, base)
     if first_caller_hosts:
         hosting = rendezvous.claim(plan.key)
@@ -138,13 +145,23 @@ def init_launched(
 
 
 def _agree_on_base(
-    rendezvous: Rendezvous, env: DistEnv, base: str | None, first_caller_hosts: bool
+    rendezvous: Rendezvous,
+    env: DistEnv,
+    base: str | None,
+    first_caller_hosts: bool,
+    restarts: str,
+    init_kwargs: dict[str, Any],
 ) -> str:
-    """The job's base run id: the ``id`` given, or one the first rank makes and publishes."""
+    """The job's base run id: the ``id`` given, or one the first rank makes and publishes:
+    the run of an earlier attempt of this training when torchrun restarted the job or SLURM
+    requeued it (``_attempts.py``), else a new one."""
+    from wandb_funnel import _attempts
     from wandb_funnel.sinks import generate_run_id
 
     if rendezvous.claim("base") if first_caller_hosts else env.rank == 0:
-        base = base or generate_run_id()
+        if base is None:
+            attempt = _attempts.plan(init_kwargs, restarts)
+            base = attempt.run_id if attempt else generate_run_id()
         rendezvous.publish("base", {"id": base})
     elif base is None:
         base = str(rendezvous.wait("base", "run id")["id"])

@@ -37,6 +37,7 @@ from wandb_funnel._constants import (
     ON_NETWORK_ERROR,
     RANK_SCOPES,
     REDUCERS,
+    RESTARTS,
     RUN_MODES,
 )
 
@@ -182,6 +183,10 @@ class FunnelOptions:
             logger. Past it the oldest are forgotten (never waited for); a restart then
             counts them in ``_funnel/dropped_records``.
         replay_max_bytes: the same bound in bytes of encoded records.
+        restarts: a job restarted by torchrun (``--max-restarts``) or requeued by SLURM, or
+            run again with the same ``id``: ``"continue"`` (the default: every attempt of
+            one training continues one run, ``_attempts.py``) or ``"new"`` (a run per
+            attempt, as plain wandb).
 
     Raises:
         ValueError: an option of the wrong type or out of range, named.
@@ -200,6 +205,7 @@ class FunnelOptions:
         "reorder_window",
         "replay_max_bytes",
         "replay_max_records",
+        "restarts",
         "run_mode",
         "stall_timeout",
         "start_timeout",
@@ -222,6 +228,7 @@ class FunnelOptions:
     replay_max_records: int
     replay_max_bytes: int
     stall_timeout: float
+    restarts: str
 
     def __init__(
         self,
@@ -241,6 +248,7 @@ class FunnelOptions:
         replay_max_records: int = DEFAULT_REPLAY_MAX_RECORDS,
         replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
         stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+        restarts: str = "continue",
     ) -> None:
         self.run_mode = _choice("run_mode", run_mode, RUN_MODES)
         self.reduce = _reducers(reduce)
@@ -264,6 +272,7 @@ class FunnelOptions:
         self.replay_max_records = _count("replay_max_records", replay_max_records)
         self.replay_max_bytes = _count("replay_max_bytes", replay_max_bytes)
         self.stall_timeout = _number("stall_timeout", stall_timeout, positive=False)
+        self.restarts = _choice("restarts", restarts, RESTARTS)
 
     @classmethod
     def split(

@@ -25,6 +25,7 @@ from wandb_funnel._constants import (
     ON_NETWORK_ERROR,
     RANK_SCOPES,
     REDUCERS,
+    RESTARTS,
     RUN_MODES,
 )
 from wandb_funnel._options import FunnelOptions, parse_option, resolve
@@ -92,6 +93,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--max-logger-restarts",
         metavar="N",
         help="restarts of a logger that dies, in 10 minutes (3; 0: never)",
+    )
+    run.add_argument(
+        "--restarts",
+        choices=RESTARTS,
+        help="a job torchrun restarts or SLURM requeues: continue one run across its "
+        "attempts (continue, the default), or a run per attempt as plain wandb (new)",
     )
     # The command, when it is not after `--`: everything from its first word on, untouched.
     run.add_argument(

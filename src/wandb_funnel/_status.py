@@ -7,9 +7,11 @@ the answer comes at once. A funnel whose file is older than ``STALE_AFTER`` seco
 logger is gone, is left out.
 
 ``--json`` prints ``{"funnels": [{"run_id", "name", "project", "owner_pid", "started",
-"state", "rows", "pending_rows", "dropped", "close", "ranks": [{"rank", "pid", "host",
-"state", "last_step", "since_last_s", "records", "dropped", "steps_per_s"}]}]}``. These names
-are a contract: scripts depend on them.
+"state", "rows", "pending_rows", "dropped", "close", "attempt", "ranks": [{"rank", "pid",
+"host", "state", "last_step", "since_last_s", "records", "dropped", "steps_per_s"}]}]}``;
+``attempt`` is ``{"job", "restart", "number"}`` for a run that is an attempt of a job
+torchrun restarts or SLURM requeues (``_attempts.py``), else null. These names are a
+contract: scripts depend on them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ FUNNEL_KEYS = (
     "pending_rows",
     "dropped",
     "close",
+    "attempt",
     "ranks",
 )
 RANK_KEYS = (
@@ -97,6 +100,12 @@ def render(found: list[dict[str, Any]]) -> str:
             f"owner pid {f['owner_pid']}, started {started}: {f['state']}; rows {f['rows']}, "
             f"pending {f['pending_rows']}, dropped {f['dropped']}"
         )
+        attempt = f.get("attempt")
+        if attempt:
+            lines.append(
+                f"  attempt {attempt.get('number')} of this run: restart "
+                f"{attempt.get('restart')} of {attempt.get('job')}"
+            )
         close = f.get("close")
         if close:
             lines.append(

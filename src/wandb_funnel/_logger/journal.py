@@ -36,6 +36,7 @@ from wandb_funnel._protocol.messages import UpdateKind
 from wandb_funnel.sinks import Restartable, Sink
 
 if TYPE_CHECKING:
+    from wandb_funnel._logger.attempt import JobAttempt
     from wandb_funnel._logger.run_writer import RunWriter
 
 _SAVE_PERIOD = 0.2  # seconds between looks at what the transaction log holds
@@ -79,9 +80,11 @@ class Journal:
         directory: str | None,
         before: Continuation | None = None,
         clock: Callable[[], float] = time.monotonic,
+        attempt: JobAttempt | None = None,
     ) -> None:
         self._dir = directory
         self.before = before or Continuation.empty()
+        self.attempt = attempt  # the run as an attempt of a job that was restarted
         self.run_data = RunData(self.before.run_data)
         # Resent records whose rows the dead logger wrote after its last state: the run's,
         # and counted here (its state could not count them).
@@ -217,9 +220,16 @@ class Journal:
 
     # -- segments ------------------------------------------------------------------------------
     def continue_run(self, writer: RunWriter, log: Callable[[str], None]) -> None:
-        """A restarted logger's run: the config, summary, metric definitions and name,
-        notes and tags the ranks gave the dead one, then one line in the run's console that
-        says what happened."""
+        """The run is open. An attempt of a job goes on past the earlier attempts' steps
+        (``attempt.py``). A restarted logger's run gets the config, summary, metric
+        definitions and name, notes and tags the ranks gave the dead one, then one line in
+        the run's console that says what happened. Nothing where it could not be opened."""
+        if writer.sink is None:
+            return
+        if self.attempt is not None:
+            self.attempt.continue_run(writer, log)
+        if not self.before.generation:
+            return
         data, before = self.run_data, self.before
         if data.config:
             writer.update(UpdateKind.CONFIG, dict(data.config))
@@ -257,7 +267,8 @@ class Journal:
         each with a command of its own, in order (one command for all skips the later ones
         after a segment cut mid-record: a killed logger's). None when there is nothing to
         say."""
-        if not self.before.generation or sink is None:
+        earlier = self.attempt.earlier_dirs(online) if self.attempt is not None else []
+        if not (self.before.generation or earlier) or sink is None:
             return None
         try:
             segments = [s.get("segment") or {} for s in self.before.segments]
@@ -265,6 +276,7 @@ class Journal:
         except Exception:
             return None
         dirs = [os.path.dirname(str(s["path"])) for s in segments if s.get("kind") == "wandb"]
+        dirs = [d for d in earlier if d not in dirs] + dirs
         if online:
             # This segment uploaded itself; a dead logger's may not have uploaded its last
             # rows (its wandb-core died with it). Its file has them: the command uploads the
@@ -273,18 +285,20 @@ class Journal:
         if not dirs:
             return None
         flag = "--no-skip-online " if online else ""
-        commands = "\n".join(f"    wandb sync {flag}{d}" for d in dirs)
-        head = (
-            f"the run is in {len(segments)} segments (the logger was restarted "
-            f"{self.before.generation} times); "
-        )
+        # One line for every segment, each its own command, in order (one command for all
+        # skips the later ones after a segment cut mid-record: a killed logger's).
+        commands = "    " + "; ".join(f"wandb sync {flag}{d}" for d in dirs)
+        why = [f"{len(earlier)} from earlier attempts of the job"] if earlier else []
+        if self.before.generation:
+            why.append(f"the logger was restarted {self.before.generation} times")
+        head = f"the run is in {len(dirs) + (1 if online else 0)} segments ({', '.join(why)}); "
         if online:
             return (
                 head + "the dead loggers' segments may not have uploaded their last rows; "
                 f"their files have them (the server may then hold those it had twice):\n"
                 f"{commands}"
             )
-        return head + f"to upload it, sync each in this order, one command each:\n{commands}"
+        return head + f"to upload it, sync each in this order (one line):\n{commands}"
 
 
 def saved_rows(sink: Sink | None, written: int) -> int:

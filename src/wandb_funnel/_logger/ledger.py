@@ -57,6 +57,7 @@ class Ledger:
             "_funnel/records": sum(w.records for w in writers),
             "_funnel/rows": sum(w.rows for w in writers),
             "_funnel/late_records": sum(w.late_records for w in writers),
+            "_funnel/relogged_steps": sum(w.relogged_steps for w in writers),
             "_funnel/dropped_records": sum(w.dropped for w in writers) + rx.dropped,
             # after a restart, the ranks the dead loggers had too (ended ones do not come back)
             "_funnel/ranks": max(rx.ranks, len(self._journal.before.ranks)),

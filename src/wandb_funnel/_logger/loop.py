@@ -25,6 +25,7 @@ from wandb_funnel._constants import (
     LOGGER_TICK,
 )
 from wandb_funnel._logger import closing, ledger
+from wandb_funnel._logger.attempt import job_attempt, status_of
 from wandb_funnel._logger.closing import Close
 from wandb_funnel._logger.continuity import Continuation
 from wandb_funnel._logger.events import Attached, Ended, Event, Records, Update
@@ -72,14 +73,15 @@ class Logger:
         self._dir = start.ipc_dir
         self._owner_pid = start.owner_pid
         self._receiver = receiver
-        self.journal = Journal(start.ipc_dir, before)
+        self.journal = Journal(start.ipc_dir, before, attempt=job_attempt(start))
         started = float((start.program or {}).get("start_time") or time.time())
         self.monitor = Monitor(
             start.options.stall_timeout,
             receiver,
             start.ipc_dir,
             start.topology.tcp_host is None,
-            {"run_id": start.run_id, "owner_pid": start.owner_pid, "started": started},
+            {"run_id": start.run_id, "owner_pid": start.owner_pid, "started": started}
+            | status_of(self.journal.attempt),
         )
         self.ledger = Ledger(receiver, self.monitor.health, self.journal)
         self.runs = Runs(start, open_sink, self.journal, self.monitor.spread)
@@ -106,8 +108,7 @@ class Logger:
         if self.runs.per_rank is not None:
             return
         writer = self.runs.open_main(opening, self._open_failed)
-        if writer.sink is not None and self.journal.generation:
-            self.journal.continue_run(writer, log_to_stderr)
+        self.journal.continue_run(writer, log_to_stderr)
         # A launched job's ranks are known before they attach: rows wait for them from
         # the start (within the first window), so ranks that start a little later still
         # merge, and ranks that never call wandb cost that one window, not one a row.

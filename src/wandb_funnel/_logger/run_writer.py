@@ -47,6 +47,10 @@ class RunWriter:
         self.steps = StepPlacer()  # where each row goes on the run's _step axis
         self.step_key = step_key  # where a late row keeps its own step
         self.late_records = 0  # records not written at their own step (a late row)
+        # A continued attempt's run: rows below this step are logged again after a restore
+        # (_logger/attempt.py), written at the next free step and counted, not late.
+        self.relog_below = 0
+        self.relogged_steps = 0
         self._late_said = False
         self.records = 0  # records written into the run
         self.rows = 0  # history rows made: one per step, however many ranks logged it
@@ -115,6 +119,17 @@ class RunWriter:
         moved, not late), and it is said once, with its cause."""
         if row.late:
             self.late_records += row.records
+        elif self.relog_below:  # a continued attempt's: logged again, or moved up by those
+            if row.step >= self.relog_below:
+                return
+            self.relogged_steps += 1
+            if self.relogged_steps == 1:
+                log_to_stderr(
+                    f"{self.name}: step {row.step} logged again after the job's restart (the "
+                    f"run had reached _step {self.relog_below - 1}); kept, at _step {at} with "
+                    f"its own step under {self.step_key!r}; counted as _funnel/relogged_steps"
+                )
+            return
         if self._late_said:
             return
         self._late_said = True

@@ -36,7 +36,7 @@ class Runs:
     ) -> None:
         self._options: FunnelOptions = start.options
         self._open_sink = open_sink
-        self._journal = journal
+        self.journal = journal
         self._on_spread = on_spread
         self._dir = start.ipc_dir
         self.run_id = start.run_id
@@ -65,7 +65,7 @@ class Runs:
             MediaFiles(staging, warn),
             options.step_key,
         )
-        writer.journal = self._journal.for_run(main=name == self.run_id)
+        writer.journal = self.journal.for_run(main=name == self.run_id)
         if sink is not None:  # a resumed run's rows start past its last one
             writer.steps.next_step = sink.starting_step
         return writer

@@ -196,6 +196,7 @@ class Funnel:
             options=self.options,
             topology=self.topology,
             init_kwargs=self._init_kwargs,
+            attempt=self._request.attempt,
             curve=self._curve,
             program=program,
             env=logger_env() if warm else None,

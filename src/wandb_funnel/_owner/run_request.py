@@ -12,6 +12,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from wandb_funnel import _attempts
 from wandb_funnel._constants import DEFAULT_STATS_INTERVAL
 from wandb_funnel._options import FunnelOptions, Topology
 from wandb_funnel._worker.attach import AttachInfo
@@ -25,6 +26,7 @@ class RunRequest(NamedTuple):
     init_kwargs: dict[str, Any]  # plain JSON data for the logger's wandb.init, with "id"
     console: bool  # every rank's console goes to the run (unless the user said "off")
     stats_interval: float  # seconds between each rank's system metrics samples (0: off)
+    attempt: dict[str, Any] | None  # this run as an attempt of a job (_attempts.Attempt)
 
     @property
     def run_id(self) -> str:
@@ -92,16 +94,27 @@ def prepare(
     wandb_init_kwargs = dict(kwargs)
     if wandb_init_kwargs.get("id") is not None and not isinstance(wandb_init_kwargs["id"], str):
         raise TypeError(f"wandb_funnel: id must be a str, got {wandb_init_kwargs['id']!r}")
-    if wandb_init_kwargs.get("id") is None:
+    if wandb_init_kwargs.get("id") is None and os.environ.get("WANDB_RUN_ID"):
         # wandb's own rule: WANDB_RUN_ID names the run when init() is given no id.
-        wandb_init_kwargs["id"] = os.environ.get("WANDB_RUN_ID") or sink.run_id()
+        wandb_init_kwargs["id"] = os.environ["WANDB_RUN_ID"]
+    # One run across a job's restarts: the run this attempt continues (or a new one).
+    attempt = _attempts.plan(wandb_init_kwargs, options.restarts)
+    if wandb_init_kwargs.get("id") is None:
+        wandb_init_kwargs["id"] = attempt.run_id if attempt else sink.run_id()
+    if attempt is not None and attempt.continues and wandb_init_kwargs.get("resume") is None:
+        wandb_init_kwargs["resume"] = "allow"
     init_kwargs = _portable_init_kwargs(wandb_init_kwargs, sink)
     settings = init_kwargs.get("settings")
     settings = settings if isinstance(settings, dict) else {}
     # Every rank's console goes to the run unless the user said console="off".
     console = settings.get("console") != "off" and os.environ.get("WANDB_CONSOLE") != "off"
     return RunRequest(
-        options, topology or Topology(), init_kwargs, console, _stats_interval(settings)
+        options,
+        topology or Topology(),
+        init_kwargs,
+        console,
+        _stats_interval(settings),
+        attempt.to_wire() if attempt else None,
     )
 
 

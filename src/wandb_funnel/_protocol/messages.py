@@ -242,6 +242,9 @@ class LoggerStart(NamedTuple):
     # logger inherited them when they may have been different).
     env: dict[str, str] | None = None
     cwd: str | None = None
+    # This run as an attempt of a job (``_attempts.Attempt``'s wire form): the logger
+    # continues the earlier attempts' run, and records what this one did.
+    attempt: dict[str, Any] | None = None
 
     @property
     def run_id(self) -> str:
@@ -272,6 +275,7 @@ class LoggerStart(NamedTuple):
                 tcp_endpoint=data.get("tcp_endpoint"),
                 env=_str_dict(data.get("env")),
                 cwd=str(data["cwd"]) if data.get("cwd") is not None else None,
+                attempt=dict(data["attempt"]) if data.get("attempt") is not None else None,
             )
             _ = start.run_id
         except (KeyError, TypeError, ValueError) as exc:

@@ -53,6 +53,7 @@ class WandbSink:
         # What the installed wandb lacks (``compat``), each said once: sinks.Degradable.
         self.degraded: dict[str, str] = {}
         self._say = say
+        self._wandb = wandb
         kwargs = dict(init_kwargs)
         settings = settings_to_dict(kwargs.pop("settings", None))
         if program:
@@ -91,7 +92,6 @@ class WandbSink:
             kwargs["mode"] = "offline"  # the embedded default: works with no network and no login
         kwargs.setdefault("reinit", "create_new")
         self._tensorboard_synced = False
-        self._wandb = wandb
         self._make = Maker(wandb)  # wandb's own objects from the ranks' media descriptors
         # The real wandb.init, even where wandb_funnel.install() has replaced it.
         init = getattr(wandb.init, ORIGINAL_ATTRIBUTE, wandb.init)
