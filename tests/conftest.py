@@ -191,21 +191,29 @@ def wait_for_report(proc: subprocess.Popen[str], key: str, timeout: float = 60) 
 
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    fd = proc.stdout.fileno()
+    sel.register(fd, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
     seen: dict[str, Any] = {}
+    # The pipe's bytes, read here (not through the text wrapper: a readline() there can
+    # buffer the next line, which select() then never reports; two REPORTs written together
+    # would wait for the deadline).
+    pending = b""
     while time.monotonic() < deadline:
         if not sel.select(timeout=0.2):
             if proc.poll() is not None:
                 break
             continue
-        line = proc.stdout.readline()
-        if not line:
+        chunk = os.read(fd, 65536)
+        if not chunk:
             break
-        if line.startswith("REPORT "):
-            seen.update(json.loads(line[len("REPORT ") :]))
-            if key in seen:
-                return seen
+        *lines, pending = (pending + chunk).split(b"\n")
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            if line.startswith("REPORT "):
+                seen.update(json.loads(line[len("REPORT ") :]))
+        if key in seen:
+            return seen
     raise AssertionError(f"no REPORT with {key!r} within {timeout}s (got {seen})")
 
 

@@ -115,6 +115,7 @@ GATE: frozenset[str] = frozenset(
         "processes/test_requeue.py::test_torchrun_max_restarts_continues_one_run_where_plain_wandb_makes_two",
         "processes/test_requeue.py::test_a_slurm_requeue_after_sigterm_continues_one_run",
         "processes/test_requeue.py::test_two_trainings_in_one_allocation_make_two_runs",
+        "processes/test_requeue.py::test_an_attempt_killed_outright_is_continued_and_status_shows_the_attempt",
         "processes/test_pool.py::test_pool_workers_log_every_step",
         "processes/test_pool.py::test_fork_child_never_reuses_parent_socket",
         "processes/test_pool.py::test_socket_dir_is_private",

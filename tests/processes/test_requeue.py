@@ -6,9 +6,11 @@ makes a run per attempt. Two trainings in one allocation stay two runs."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import signal
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -164,3 +166,62 @@ def test_restarts_new_gives_a_run_per_attempt(scripts: Scripts) -> None:
     assert proc.returncode == 0, err[-3000:]
     assert len(_run_ids(scripts.tmp_path)) == 2
     assert "continuing run" not in err
+
+
+def _status_attempts(scripts: Scripts, run_id: str) -> dict[str, Any] | None:
+    """The attempt ``wandb-funnel status --json`` shows for ``run_id`` (another process of
+    the user asks, as a person would), waiting a little for the status file."""
+    exe = str(pathlib.Path(sys.executable).with_name("wandb-funnel"))
+    for _ in range(40):
+        done = scripts.run_command([exe, "status", "--json"], timeout=30)
+        for funnel in json.loads(done.stdout or "{}").get("funnels", []):
+            if funnel["run_id"] == run_id:
+                return dict(funnel["attempt"]) if funnel["attempt"] else None
+        time.sleep(0.25)
+    raise AssertionError(f"run {run_id} never showed in wandb-funnel status")
+
+
+def test_an_attempt_killed_outright_is_continued_and_status_shows_the_attempt(
+    scripts: Scripts,
+) -> None:
+    """A lost node: the first attempt's owner and logger SIGKILLed (its segment has no exit
+    record, the attempt stays "running"); the second continues the run and shows in
+    ``wandb-funnel status`` as attempt 2, restart 1; preempted (SIGTERM) in turn, the third
+    finishes the run. One run, three segments, every step, one sync line for all."""
+    env = {"SLURM_JOB_ID": "4244"}
+    ckpt = ["slurm", "--ckpt", str(scripts.tmp_path / "ckpt"), "--hold", "1:16"]
+    first = scripts.start_file(REQUEUE, ckpt, {**env, "SLURM_RESTART_COUNT": "0"})
+    held = wait_for_report(first, "reached", timeout=90)
+    time.sleep(1.5)  # the rows so far reach the transaction log (a 0.2 s flush)
+    for pid in (first.pid, int(held["logger_pid"])):
+        os.kill(pid, signal.SIGKILL)
+    first.communicate(timeout=60)
+    second = scripts.start_file(REQUEUE, ckpt, {**env, "SLURM_RESTART_COUNT": "1"})
+    wait_for_report(second, "reached", timeout=90)
+    run_id = _run_ids(scripts.tmp_path).pop()
+    assert _status_attempts(scripts, run_id) == {
+        "job": "SLURM job 4244",
+        "restart": 1,
+        "number": 2,
+    }
+    second.send_signal(signal.SIGTERM)
+    second.communicate(timeout=60)
+    third = scripts.start_file(REQUEUE, ckpt, {**env, "SLURM_RESTART_COUNT": "2"})
+    out, err = third.communicate(timeout=120)
+    assert third.returncode == 0, err[-3000:]
+    assert _run_ids(scripts.tmp_path) == {run_id}
+    run = only_run(scripts.tmp_path)
+    assert len(run.segments) == 3
+    starts = {r["attempt"]: r["start"] for r in _reports(out) if "start" in r}
+    rows = _attempt_rows(run)
+    assert sorted(rows) == list(range(STEPS)), rows
+    for step, attempts in rows.items():  # each step's last row is the last attempt's there
+        assert attempts[-1] == (2 if step >= starts[2] else 1 if step >= 10 else 0), (
+            step,
+            attempts,
+        )
+    assert run.summary["_funnel/relogged_steps"] > 0
+    assert run.exit_code == 0
+    # One line of wandb sync commands covers every segment, in order.
+    (line,) = [ln for ln in err.splitlines() if ln.strip().startswith("wandb sync")]
+    assert [d.split()[-1] for d in line.split(";")] == [str(p.parent) for p in run.segments]

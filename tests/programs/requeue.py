@@ -8,9 +8,9 @@ Each attempt resumes from the last checkpoint (every 5 steps) and logs ``loss`` 
 
 - ``torchrun``: two ranks in lockstep (a barrier a step); on the first attempt rank 1 fails
   at ``--fail-at``, torchrun restarts both.
-- ``slurm``: one process; on the first attempt it REPORTs ``reached`` at ``--fail-at`` and
-  waits for the test's SIGTERM (a preemption); the test then runs it again with
-  ``SLURM_RESTART_COUNT=1``.
+- ``slurm``: one process; on the first attempt it REPORTs ``reached`` at ``--fail-at`` (and at
+  each ``--hold ATTEMPT:STEP``) and waits for the test's signal (SIGTERM: a preemption;
+  SIGKILL: a lost node); the test then runs it again with ``SLURM_RESTART_COUNT`` raised.
 
 ``--plain``: plain wandb, in rank 0 only (as users log from rank 0 today).
 """
@@ -68,7 +68,15 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int, default=12)
     parser.add_argument("--name", default="requeue")
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument(
+        "--hold",
+        action="append",
+        default=[],
+        metavar="ATTEMPT:STEP",
+        help="slurm: also REPORT reached and wait for a signal at this step of this attempt",
+    )
     args = parser.parse_args()
+    holds = {tuple(int(n) for n in h.split(":")) for h in args.hold}
     attempt = restart_count(args.mode)
     rank = 0
     barrier: Any = lambda: None  # noqa: E731
@@ -77,10 +85,11 @@ def main() -> None:
 
         import torch.distributed as dist
 
-        # torchrun's agent keeps one store across restarts, and gloo's keys in it are not
-        # per attempt: a restarted rank can read a dead one's address (a race, "Gloo
-        # connectFullMesh failed ... Connection refused", seen with plain wandb too, likelier
-        # on a loaded box). Each attempt's keys under a prefix of their own avoid it.
+        # torchrun's agent shares one store with the ranks across restarts, and the process
+        # group's keys in it are not per attempt: a restarted rank can read a dead one's
+        # address ("Gloo connectFullMesh failed ... Connection refused"; pytorch#135712,
+        # #167288; likelier on a loaded box). Each attempt's keys under a prefix of their
+        # own avoid it (as TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 would).
         store = dist.TCPStore(  # type: ignore[attr-defined]
             os.environ["MASTER_ADDR"],
             int(os.environ["MASTER_PORT"]),
@@ -98,14 +107,15 @@ def main() -> None:
         barrier = dist.barrier
     run = open_run(args, rank)
     start = load(args.ckpt)
+    logger_pid = os.environ.get("_WANDB_FUNNEL_LOGGER_PID")
     report(rank=rank, attempt=attempt, start=start, run_id=getattr(run, "id", None))
     for step in range(start, args.steps):
-        if attempt == 0 and step == args.fail_at:
-            if args.mode == "torchrun" and rank == 1:
-                sys.exit(3)  # a rank fails: torchrun restarts the job
-            if args.mode == "slurm":
-                report(reached=step)
-                time.sleep(120)  # the test's SIGTERM comes here (a preemption)
+        if attempt == 0 and step == args.fail_at and args.mode == "torchrun" and rank == 1:
+            sys.exit(3)  # a rank fails: torchrun restarts the job
+        held = (attempt == 0 and step == args.fail_at) or (attempt, step) in holds
+        if args.mode == "slurm" and held:
+            report(reached=step, logger_pid=logger_pid)
+            time.sleep(120)  # the test's signal comes here (a preemption, a lost node)
         if run is not None:
             run.log({"loss": 1.0 / (step + 1), "attempt": attempt, f"r{rank}": step}, step=step)
         barrier()

@@ -48,7 +48,8 @@ class Monitor:
         self._receiver = receiver
         self._dir = directory
         self._local_ranks = local_ranks  # every rank's pid is ours to see (py-spy)
-        self._about = about  # run_id, owner_pid, started: what status.json always says
+        # run_id, owner_pid, started (and a restarted job's attempt): what status.json says
+        self._about = about
         self.pids: dict[int, int] = {}  # rank -> its process, as it said at attach
         # The run's console, once it is open and while its wandb-core answers.
         self.console: Callable[[], Sink | None] = lambda: None
@@ -181,6 +182,7 @@ class Monitor:
             "pending_rows": pending_rows,
             "dropped": stats["_funnel/dropped_records"],
             "close": self._close_progress,
+            "attempt": about.get("attempt"),  # a restarted job's attempt (_logger/attempt.py)
             "updated": time.time(),
             "ranks": ranks,
         }
