@@ -184,8 +184,8 @@ def finish_runs(
             close.step,
             progress,
         )
-        if key is None and runs.journal.attempt is not None:
-            runs.journal.attempt.finished(exit_code)  # this attempt is done: recorded
+    if runs.journal.attempt is not None:
+        runs.journal.attempt.finished(exit_code)  # this attempt is done: recorded
 
 
 def _accounting(
