@@ -184,6 +184,12 @@ def reports(stdout: str) -> dict[str, Any]:
     return out
 
 
+def a_lack(line: str) -> bool:
+    """A line the logger says once per capability an older wandb lacks
+    (``sinks/wandb/compat.py``): a test that wants the funnel silent leaves these out."""
+    return line.startswith("wandb-funnel logger: this wandb (") and ") has no " in line
+
+
 def wait_for_report(proc: subprocess.Popen[str], key: str, timeout: float = 60) -> dict[str, Any]:
     """Read the scenario's stdout until a REPORT carrying ``key`` arrives (bounded)."""
     import json

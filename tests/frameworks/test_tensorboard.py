@@ -46,12 +46,15 @@ def columns(run: WandbRun, prefix: str = "", skip: tuple[str, ...] = ()) -> dict
     directories may interleave in another order in two runs of the same script."""
     out: dict[str, list[tuple[int, Any]]] = collections.defaultdict(list)
     for row in run.history:
+        # wandb-core writes the event's step as "global_step" (0.31), or under the events'
+        # namespace, "train/global_step" (wandb 0.22): bookkeeping either way.
+        steps = [k for k in row if k == "global_step" or k.endswith("/global_step")]
         for key, value in row.items():
-            if key in BOOKKEEPING or key == "global_step" or not key.startswith(prefix):
+            if key in BOOKKEEPING or key in steps or not key.startswith(prefix):
                 continue
             name = key[len(prefix) :]
             if not name.startswith(skip):
-                out[name].append((row["global_step"], value))
+                out[name].append((row[steps[0]], value))
     return {key: sorted(values) for key, values in out.items()}
 
 

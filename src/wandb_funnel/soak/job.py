@@ -41,8 +41,9 @@ def role_of(proc: psutil.Process, owner_pid: int) -> str:
     return "worker"
 
 
-# Never the "worker" a kill-worker fault means: multiprocessing's own helper processes, and
-# the ones wandb-core starts (its system monitor).
+# Never the "worker" a kill-worker fault means: multiprocessing's own helper processes, the
+# ones wandb-core starts (its system monitor), and git, which wandb runs for the run's
+# metadata (wandb 0.22: `git cat-file --batch-check` lives as long as the run).
 _HELPERS = (
     "multiprocessing.resource_tracker",
     "multiprocessing.forkserver",
@@ -50,14 +51,16 @@ _HELPERS = (
     "wandb-symon",
     "gpu_stats",
 )
+_HELPER_NAMES = frozenset({"git"})
 
 
 def is_helper(proc: psutil.Process) -> bool:
     try:
         cmd = " ".join(proc.cmdline())
+        name = proc.name()
     except psutil.Error:
         return True  # gone meanwhile: not a target either
-    return any(h in cmd for h in _HELPERS)
+    return name in _HELPER_NAMES or any(h in cmd for h in _HELPERS)
 
 
 class Job:

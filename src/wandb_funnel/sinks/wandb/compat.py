@@ -42,9 +42,9 @@ def settings_fields() -> frozenset[str] | None:
 # loses on a wandb that lacks one.
 _FUNNEL_SETTINGS: dict[str, str] = {
     "x_transaction_log_flush_interval": (
-        "its transaction log reaches disk in whole 32 KiB blocks, not every 0.2 s, so ranks "
-        "are told their records are saved later (they keep them to replay meanwhile, within "
-        "replay_max_records / replay_max_bytes)"
+        "its transaction log reaches disk in whole 32 KiB blocks, not every 0.2 s: ranks "
+        "hear their records are saved only as each block is written, and keep them to "
+        "replay until then (within replay_max_records / replay_max_bytes)"
     ),
     "x_stats_pid": (
         "wandb-core samples the logger's process for the run's proc.* system metrics, not "
