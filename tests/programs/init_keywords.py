@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from typing import Any
 
 import wandb_funnel as wf
 
@@ -29,11 +30,14 @@ def main() -> None:
             wf.install()
             import wandb
 
-            wandb.init(
-                project="kw",
-                monitor_gym=True,
-                settings=wandb.Settings(capture_loggers={"mylog": "INFO"}),
+            loggers = {"mylog": "INFO"}
+            # (a wandb.Settings where wandb has the setting, from 0.27; a dict before)
+            settings: Any = (
+                wandb.Settings(capture_loggers=loggers)
+                if "capture_loggers" in wandb.Settings.model_fields
+                else {"capture_loggers": loggers}
             )
+            wandb.init(project="kw", monitor_gym=True, settings=settings)
             # monitor_gym acted here: wandb's gym patch is on this process's RecordVideo.
             patched = list(wandb.patched["gym"])
             wandb.log({"x": 1})
