@@ -225,3 +225,27 @@ def test_an_attempt_killed_outright_is_continued_and_status_shows_the_attempt(
     # One line of wandb sync commands covers every segment, in order.
     (line,) = [ln for ln in err.splitlines() if ln.strip().startswith("wandb sync")]
     assert [d.split()[-1] for d in line.split(";")] == [str(p.parent) for p in run.segments]
+
+
+def test_the_users_own_run_id_is_continued_when_the_same_command_runs_again(
+    scripts: Scripts,
+) -> None:
+    """No scheduler, the user's own ``WANDB_RUN_ID``: the second run of the command (after a
+    SIGTERM) continues that run, past its steps, as a requeue does."""
+    env = {"WANDB_RUN_ID": "myownrun"}
+    args = ["slurm", "--ckpt", str(scripts.tmp_path / "ckpt")]
+    first = scripts.start_file(REQUEUE, args, env)
+    wait_for_report(first, "reached", timeout=90)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    # (SLURM_RESTART_COUNT unset, the program counts this as its attempt 0 again: no hold)
+    second = scripts.start_file(REQUEUE, [*args, "--fail-at", "-1"], env)
+    _out, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err[-3000:]
+    assert _run_ids(scripts.tmp_path) == {"myownrun"}
+    run = only_run(scripts.tmp_path)
+    assert len(run.segments) == 2
+    steps = sorted({int(step_of(row)) for row in run.history if "loss" in row})
+    assert steps == list(range(STEPS))
+    assert run.summary["_funnel/relogged_steps"] > 0
+    assert "continuing run myownrun: restart 1 of run myownrun" in err
