@@ -44,12 +44,9 @@ class JobAttempt:
         record(self.attempt, "running")
         if not self.attempt.continues:
             return
-        from wandb_funnel.sinks import WANDB, steps_after
+        from wandb_funnel.sinks.wandb.txlog import next_step
 
-        after = max(
-            (steps_after({"kind": WANDB, "path": p}, 0)[2] for p in self.attempt.segments),
-            default=0,
-        )
+        after = max((next_step(p) for p in self.attempt.segments), default=0)
         writer.steps.next_step = max(writer.steps.next_step, after)
         writer.relog_below = writer.steps.next_step
         if self._generation:

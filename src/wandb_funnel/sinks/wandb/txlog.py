@@ -171,6 +171,22 @@ def history_steps(path: str, skip: int) -> tuple[list[Any], int]:
     return steps, 0 if last is None else int(history(last).step.num) + 1
 
 
+def next_step(path: str) -> int:
+    """The step after the last history row of a transaction log (0 for none): an earlier
+    attempt's segment, which the next attempt's rows go on after. Only that row is decoded
+    (a long run's file holds millions)."""
+    last: bytes | None = None
+    for payload in Tail(path).records():
+        if record_kind(payload) == HISTORY_FIELD:
+            last = payload
+    if last is None:
+        return 0
+    from wandb.proto import wandb_internal_pb2
+
+    record = wandb_internal_pb2.Record.FromString(last)  # type: ignore[attr-defined]
+    return int(record.history.step.num) + 1
+
+
 def records_as_dicts(path: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every record of a transaction log as (its kind, protobuf's JSON of it with the
     proto's field names): what the soak harness and the tests read back where the installed
