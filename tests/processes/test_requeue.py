@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+import wandb
 
 from tests.conftest import Scripts, program, wait_for_report
 from tests.wandb_reader import WandbRun, find_runs, only_run, step_of
@@ -214,7 +215,13 @@ def test_an_attempt_killed_outright_is_continued_and_status_shows_the_attempt(
     assert len(run.segments) == 3
     starts = {r["attempt"]: r["start"] for r in _reports(out) if "start" in r}
     rows = _attempt_rows(run)
-    assert sorted(rows) == list(range(STEPS)), rows
+    if "x_transaction_log_flush_interval" in wandb.Settings.model_fields:
+        assert sorted(rows) == list(range(STEPS)), rows
+    else:
+        # Before wandb 0.31 the log reaches disk in 32 KiB blocks: the killed attempt's rows
+        # not yet in a full block died with it, and the steps before its checkpoint (10)
+        # are not logged again (docs/guide/known-limits.md). From the checkpoint on: all.
+        assert set(range(10, STEPS)) <= set(rows), rows
     for step, attempts in rows.items():  # each step's last row is the last attempt's there
         assert attempts[-1] == (2 if step >= starts[2] else 1 if step >= 10 else 0), (
             step,
