@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+import wandb
 
 from tests.conftest import MARK_VAR, Scripts, program, reports
 from tests.wandb_reader import WandbRun, find_runs, read_run, step_of
@@ -35,7 +36,11 @@ def _attributes_in_every_segment(run: WandbRun) -> None:
     """What worker 2 set (``--attributes``) before the first death: every segment's last run
     record says it, a restarted logger's too (issue 34)."""
     name, notes, tags = ATTRIBUTES
-    for segment in run.segments:
+    # Before wandb 0.31 (no x_transaction_log_flush_interval) a killed logger's segment holds
+    # only whole 32 KiB blocks: its last run record can die with it. The finished segment,
+    # the last, says it on every wandb.
+    flushed = "x_transaction_log_flush_interval" in wandb.Settings.model_fields
+    for segment in run.segments if flushed else run.segments[-1:]:
         seen = read_run(segment)
         assert (seen.name, seen.notes, seen.tags) == (name, notes, tags), segment
 
@@ -185,8 +190,12 @@ def test_past_the_restart_bound_the_funnel_says_so(scripts: Scripts) -> None:
     run = _the_run(scripts, info)
     assert len(run.segments) == 2
     steps = {step_of(row) for row in run.history}
-    assert set(range(200)) <= steps  # everything saved before the second death
-    assert "records from this rank may be missing" in res.stderr
+    # Everything saved before the second death: with wandb's 0.2 s flush, the steps to 200;
+    # before wandb 0.31 (the log reaches disk in 32 KiB blocks) the block the second logger
+    # had not written yet died with it: the steps to the first death (150), then.
+    flushed = "x_transaction_log_flush_interval" in wandb.Settings.model_fields
+    assert set(range(200 if flushed else 150)) <= steps
+    assert "records from this rank may be missing" in res.stderr  # what it cost: said
     assert res.leftovers == []
 
 

@@ -148,7 +148,9 @@ def kill_mid_run(args: argparse.Namespace) -> None:
             if k + 1 < args.times:  # the next kill: of the new logger, once the workers
                 # have logged 50 more steps with it up
                 _wait(lambda old=logger: funnel.logger_pid != old, "a new logger")
-                at = max(progress[1], progress[2]) + 50
+                # (at the last step at most: a slow takeover, wandb 0.25's 6.5 s, can find
+                # the workers near their end; the next death then comes after their last log)
+                at = min(max(progress[1], progress[2]) + 50, args.steps - 1)
         report(killed=killed)
         for worker in workers:
             worker.join()
