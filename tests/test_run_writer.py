@@ -256,3 +256,51 @@ def test_a_row_wandb_refuses_takes_no_step() -> None:
     writer.write(writer.order.pop_all())
     assert sink.steps == [(1, True)] and writer.dropped == 1  # at its own step, as wandb
     assert writer.steps.state() == (2, None) and writer.rows == 1
+
+
+class DyingSink(RecordingSink):
+    """wandb-core dies as the close begins: its file holds ``on_disk`` rows of those logged,
+    and the summary and the finish find the connection gone."""
+
+    def __init__(self, on_disk: int) -> None:
+        super().__init__()
+        self.on_disk = on_disk
+
+    def saved_rows(self) -> int:
+        return self.on_disk
+
+    def segment(self) -> dict[str, Any]:
+        return {"kind": "null"}
+
+    def update_summary(self, data: dict[str, Any]) -> None:
+        raise ConnectionResetError("Connection lost")
+
+    def finish(self, exit_code: int) -> None:
+        raise ConnectionResetError("Connection lost")
+
+
+def test_rows_wandb_core_never_wrote_when_it_dies_in_the_close_are_counted() -> None:
+    """No successor is started while closing: the records of the rows past what the file
+    holds died with wandb-core; they are counted as dropped, not as the run's (the owner's
+    DONE and final-stats.json say so: the summary cannot be written any more)."""
+    sink = DyingSink(on_disk=7)
+    writer = RunWriter(sink, Reorderer(1e9, 10**6), RowBuilder("auto", {}, "_step"), "run")
+    writer.order.rank_attached(1)
+    writer.order.add_batch(0, [[s, True, {"x": s}] for s in range(10)], 0.0)
+    writer.finish(0, _accounting(), write_deadline=time.monotonic() + 60)
+    assert len(sink.rows) == 10  # handed to wandb
+    assert writer.records == 7 and writer.dropped == 3  # three rows never reached the file
+    assert writer.sink_lost
+
+
+def test_a_summary_refused_for_another_reason_counts_nothing() -> None:
+    class Refusing(RecordingSink):
+        def update_summary(self, data: dict[str, Any]) -> None:
+            raise ValueError("not json")
+
+    sink = Refusing()
+    writer = RunWriter(sink, Reorderer(1e9, 10**6), RowBuilder("auto", {}, "_step"), "run")
+    writer.order.rank_attached(1)
+    writer.order.add_batch(0, [[s, True, {"x": s}] for s in range(10)], 0.0)
+    writer.finish(0, _accounting(), write_deadline=time.monotonic() + 60)
+    assert writer.records == 10 and writer.dropped == 0 and not writer.sink_lost

@@ -63,6 +63,11 @@ class RunJournal:
         if self.recent_media:  # (a row whose media wandb refused takes its keys off)
             self.recent_media[-1] += max(0, media)
 
+    def records_from_row(self, row: int) -> int:
+        """The records in the rows written from ``row`` on (rows before the first that may
+        hold an unsaved record are not kept: none of them is past a saved point)."""
+        return sum(list(self.recent_rows)[max(0, row - self.recent_from) :])
+
     def forget_rows_before(self, row: int) -> None:
         """Per-row counts before ``row`` are no longer needed (nothing unsaved is there)."""
         recent = self.recent_rows

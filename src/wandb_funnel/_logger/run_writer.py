@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wandb_funnel._logger.console import ConsoleLines
-from wandb_funnel._logger.journal import RunJournal
+from wandb_funnel._logger.journal import RunJournal, saved_rows
 from wandb_funnel._logger.media import MediaFiles, has_media
 from wandb_funnel._logger.ordering import Reorderer, Row
 from wandb_funnel._logger.reduce import RowBuilder
@@ -64,6 +64,7 @@ class RunWriter:
         # A writer whose run could not be opened is broken from the start.
         self._broken: str | None = None if sink is not None else "the run could not be opened"
         self.sink_lost = False  # wandb-core went away (an OSError from the sink)
+        self._counted_the_dead = False  # its unwritten rows counted (a close's, once)
         # Which records are written and on disk, and what the recent rows hold: the
         # Journal's part of this run (what a restarted logger needs).
         self.journal = RunJournal()
@@ -278,6 +279,8 @@ class RunWriter:
         if self._broken == "out of time":
             self._broken = None  # rows stopped; the summary and finish still go
         self.console.flush(self.sink if self._broken is None else None)
+        if self.sink_lost:
+            self._count_what_died_with_wandb()
         summary = accounting(self)
         if self.sink is None or self._broken is not None:
             return
@@ -288,7 +291,25 @@ class RunWriter:
             self._call("step key", lambda _: sink.users_step_key(), None)
         self.finish_called = True
         finished = self._call("finish", self.sink.finish, exit_code)
+        if not finished and self.sink_lost:
+            self._count_what_died_with_wandb()
         step_done(f"{self.name}: run {'finished' if finished else 'not finished'}")
+
+    def _count_what_died_with_wandb(self) -> None:
+        """wandb-core died during the close, when no successor is started: the rows it took
+        but never wrote to its transaction log died with it. Their records are counted as
+        dropped, not as the run's (the file says how many rows it holds); said once."""
+        if self.sink is None or self._counted_the_dead:
+            return
+        self._counted_the_dead = True
+        lost = self.journal.records_from_row(saved_rows(self.sink, self.rows))
+        if lost:
+            self.records -= lost
+            self.dropped += lost
+            log_to_stderr(
+                f"{self.name}: wandb-core died during the close; {lost} records in rows it had "
+                f"not written to its file are lost with it (counted as dropped)"
+            )
 
     def _call(self, what: str, fn: Callable[[Any], None], arg: Any) -> bool:
         """``fn(arg)``, reporting a failure instead of raising; True when it went through."""
@@ -298,5 +319,7 @@ class RunWriter:
             fn(arg)
         except Exception as exc:
             log_to_stderr(f"{self.name}: wandb refused a {what}: {exc!r}")
+            if isinstance(exc, OSError) and self.finished:  # wandb-core gone in the close
+                self.sink_lost = True
             return False
         return True
