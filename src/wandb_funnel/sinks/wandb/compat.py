@@ -13,6 +13,7 @@ Imports wandb only inside its functions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,12 @@ def add_funnel_settings(settings: dict[str, Any], wanted: dict[str, Any], degrad
 
 
 def _takes(function: Any, keyword: str) -> bool:
+    # Per console line for _publish_output_raw: the signature is read once per function.
+    return _signature_takes(getattr(function, "__func__", function), keyword)
+
+
+@functools.lru_cache(maxsize=64)
+def _signature_takes(function: Any, keyword: str) -> bool:
     import inspect
 
     try:
