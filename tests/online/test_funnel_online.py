@@ -41,9 +41,16 @@ def _local_run(seen: dict[str, Any]) -> WandbRun:
     return read_run(log)
 
 
+def _sync_commands(stderr: str) -> list[str]:
+    """The upload commands the funnel printed, in order: its advice is one line that starts
+    with ``wandb sync``, the segments' commands joined by ``; `` so that it pastes whole."""
+    lines: list[str] = re.findall(r"^\s*(wandb sync .+)$", stderr, re.MULTILINE)
+    return [command.strip() for line in lines for command in line.split("; ")]
+
+
 def _sync_command(stderr: str) -> list[str]:
-    """The upload command the funnel printed (its last line that starts with wandb sync)."""
-    commands: list[str] = re.findall(r"^\s*(wandb sync .+)$", stderr, re.MULTILINE)
+    """The last upload command the funnel printed, as argv."""
+    commands = _sync_commands(stderr)
     assert commands, stderr[-3000:]
     return commands[-1].split()
 
@@ -266,7 +273,7 @@ def test_a_run_a_restarted_logger_continued_uploads_every_step_once(
     result = scripts.run_file(program("restart"), ["kill-mid-run", "--kill", "logger"], 120)
     assert result.returncode == 0, result.stderr[-4000:]
     run_id = reports(result.stdout)["run_id"]
-    commands = re.findall(r"^\s*(wandb sync .+)$", result.stderr, re.MULTILINE)
+    commands = _sync_commands(result.stderr)
     assert len(commands) == 2, result.stderr[-3000:]
     for command in commands:
         _run_sync(command.split(), online, scripts)
@@ -292,7 +299,7 @@ def test_online_a_restarted_logger_continues_the_run_on_the_server(
     result = scripts.run_file(program("restart"), args, 150, extra_env=online.env)
     assert result.returncode == 0, result.stderr[-4000:]
     run_id = reports(result.stdout)["run_id"]
-    commands = re.findall(r"^\s*(wandb sync .+)$", result.stderr, re.MULTILINE)
+    commands = _sync_commands(result.stderr)
     # one per dead logger's segment (the last uploaded itself)
     assert len(commands) == 1 and "--no-skip-online" in commands[0], result.stderr[-3000:]
     _run_sync(commands[0].split(), online, scripts)
