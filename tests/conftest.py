@@ -7,6 +7,7 @@ import concurrent.futures
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -160,6 +161,51 @@ def program(name: str) -> pathlib.Path:
     path = PROGRAMS / f"{name}.py"
     assert path.is_file(), path
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_agents(
+    scripts: Scripts,
+    argv: list[str],
+    nproc: int,
+    nnodes: int = 1,
+    timeout: float = 120,
+    extra_env: dict[str, str] | None = None,
+) -> list[subprocess.CompletedProcess[str]]:
+    """``argv`` (a program and its arguments) under real torchrun: ``nnodes`` torchrun agents
+    (``--nnodes N --node-rank i``, static rendezvous at a localhost master: each agent is a
+    node), each in a process group of its own; one agent is ``--standalone``."""
+    port = free_port()
+    procs = []
+    for node in range(nnodes):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+        if nnodes == 1:
+            cmd += ["--standalone"]
+        else:
+            cmd += ["--nnodes", str(nnodes), "--node-rank", str(node)]
+            cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+        procs.append(
+            subprocess.Popen(
+                [*cmd, *argv],
+                cwd=scripts.tmp_path,
+                env=scripts.env(extra_env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    t0 = time.monotonic()
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
 
 
 def side_by_side(*jobs: Callable[[], Any]) -> list[Any]:

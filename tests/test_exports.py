@@ -37,22 +37,29 @@ def test_worker_import_skips_the_owner_and_logger_modules() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def _loaded_by(bootstrap: str, role: str, module: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The modules (named with ``prefixes``) a process started by ``bootstrap`` has loaded
+    once it imported ``module`` instead of ``role``'s __main__ (which would run it); the
+    role's own and the protocol's left out."""
+    main = f"import wandb_funnel.{role}.__main__\n"
+    assert main in bootstrap
+    code = bootstrap.replace(main, "") + (
+        f"import wandb_funnel.{module}\n"
+        "import json\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({prefixes!r})"
+        f" and not m.startswith(('wandb_funnel.{role}', 'wandb_funnel._protocol')))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return list(json.loads(out.stdout))
+
+
 def test_the_logger_process_loads_no_worker_or_owner_module() -> None:
     """The logger starts from LOGGER_BOOTSTRAP (the package registered, its __init__ not
     run): none of the worker stack (exit and fork hooks, signal watching) nor the API is
     loaded in it (issue 24: ``-m wandb_funnel._logger`` ran the package's __init__)."""
     from wandb_funnel._owner.logger_process import LOGGER_BOOTSTRAP
 
-    bootstrap = LOGGER_BOOTSTRAP.replace("import wandb_funnel._logger.__main__\n", "")
-    assert bootstrap != LOGGER_BOOTSTRAP
-    code = bootstrap + (
-        "import wandb_funnel._logger.main\n"
-        "import json\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('wandb_funnel.')"
-        " and not m.startswith(('wandb_funnel._logger', 'wandb_funnel._protocol')))))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    loaded = json.loads(out.stdout)
+    loaded = _loaded_by(LOGGER_BOOTSTRAP, "_logger", "_logger.main", ("wandb_funnel.",))
     assert set(loaded) <= {
         "wandb_funnel._attempts",  # the run as an attempt of a restarted job
         "wandb_funnel._constants",
@@ -64,4 +71,19 @@ def test_the_logger_process_loads_no_worker_or_owner_module() -> None:
         "wandb_funnel.errors",
         "wandb_funnel.sinks",  # the Sink protocol and open_sink: where the rows go
         "wandb_funnel.sinks.refs",  # media refs made into what the sink writes
+    }, loaded
+
+
+def test_the_node_logger_process_loads_the_protocol_only() -> None:
+    """A node logger (issue 38) starts from NODE_BOOTSTRAP: the protocol and the bottom
+    modules, never the worker stack, the logger's modules, wandb or torch."""
+    from wandb_funnel._node.starter import NODE_BOOTSTRAP
+
+    loaded = _loaded_by(NODE_BOOTSTRAP, "_node", "_node.relay", ("wandb_funnel", "wandb", "torch"))
+    assert set(loaded) <= {
+        "wandb_funnel",  # the package, registered unexecuted
+        "wandb_funnel._constants",
+        "wandb_funnel._options",  # (imported by the protocol's messages)
+        "wandb_funnel._private_dir",
+        "wandb_funnel._pid",
     }, loaded

@@ -109,10 +109,21 @@ def test_global_scope_rank0_hosts_one_run_for_every_rank(store: Store) -> None:
     assert run.id == "base"
     (funnel,) = FakeFunnel.made
     assert funnel.kwargs == {"project": "p", "id": "base"}
-    # Two nodes, one run: every rank expected from the start, and TCP for the other node.
-    assert funnel.topology == Topology(0, 4, (0, 1, 2, 3), "10.0.0.1", None)
+    # Two nodes, one run: every rank expected from the start, TCP for the other node, and
+    # (tier "auto" on two nodes) the node tier, the root on node 0.
+    assert funnel.topology == Topology(0, 4, (0, 1, 2, 3), "10.0.0.1", None, node=0)
     assert store.values["base"] == {"id": "base"}
     assert store.values["logger/global"]["tcp"] == "tcp://10.0.0.1:5555"
+
+
+@pytest.mark.parametrize(("tier", "world", "node"), [("flat", 4, None), ("auto", 2, None)])
+def test_the_node_tier_is_off_when_flat_is_asked_or_the_job_has_one_node(
+    store: Store, tier: str, world: int, node: int | None
+) -> None:
+    options = FunnelOptions(tier=tier)
+    _launched_init.init_launched(_env(0, world=world), options, {"id": "base"})
+    (funnel,) = FakeFunnel.made
+    assert funnel.topology.node == node
 
 
 def test_worker_scope_hosts_one_run_per_node_with_its_ranks(store: Store) -> None:

@@ -44,6 +44,9 @@ FORBIDDEN: dict[str, set[str]] = {
         "testing",
         "cli",
     },
+    # The node tier (issue 38): a process of its own between ranks and the root logger; the
+    # rank that starts it imports only its starter.
+    "_node": {"_worker", "_owner", "_logger", "_api", "_current", "sinks", "_wandb_module"},
     "_launched_init": {"_logger", "_api", "_wandb_module"},
     "_api": {"_wandb_module"},
     # The layer that mirrors wandb's module API sits on top: it uses the API, never the

@@ -145,3 +145,7 @@ ON_NETWORK_ERROR: Final = ("offline", "raise")
 # A job restarted by torchrun or requeued by SLURM: one run across its attempts, or a run per
 # attempt as plain wandb (_attempts.py).
 RESTARTS: Final = ("continue", "new")
+# A job on several nodes: a node logger per node between the node's ranks and the root logger
+# ("node"), every rank straight to the root ("flat"), or the node tier when there is more
+# than one node ("auto"). Issue 38.
+TIERS: Final = ("auto", "node", "flat")

@@ -21,7 +21,7 @@ import socket
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from wandb_funnel import _environ
-from wandb_funnel._constants import ENV_BIND_ADDR, ENV_RANK_PID
+from wandb_funnel._constants import BATCH_BYTES, ENV_BIND_ADDR, ENV_RANK_PID
 from wandb_funnel._launcher_env import DistEnv
 from wandb_funnel._options import FunnelOptions, PerRankRuns, Topology
 from wandb_funnel._owner.funnel import Funnel
@@ -76,6 +76,7 @@ class _Plan(NamedTuple):
     prefix: str  # the funnel's run id: the base, or the node's
     per_rank: PerRankRuns | None  # run_mode "new": each rank's run
     key: str  # the store key of the logger this rank attaches to
+    node_tier: bool  # a node logger on each node but the root's (issue 38)
 
     @classmethod
     def of(cls, env: DistEnv, options: FunnelOptions, base: str) -> _Plan:
@@ -92,7 +93,10 @@ class _Plan(NamedTuple):
                 rank_offset=env.first_rank_on_node,
             )
         key = f"logger/node{node}" if worker_scope else "logger/global"
-        return cls(worker_scope, node, prefix, per_rank, key)
+        node_tier = not worker_scope and (
+            options.tier == "node" or (options.tier == "auto" and env.num_nodes > 1)
+        )
+        return cls(worker_scope, node, prefix, per_rank, key, node_tier)
 
 
 def init_launched(
@@ -137,7 +141,7 @@ def init_launched(
     if hosting:
         run, per_rank = _host(env, rendezvous, plan, options, wandb_init_kwargs), plan.per_rank
     else:
-        run, per_rank = _join(env, rendezvous, plan, options.start_timeout)
+        run, per_rank = _join(env, rendezvous, plan, options)
     if per_rank is not None:
         run_id = per_rank.id_template.format(rank=env.rank, local_rank=env.local_rank)
         run._info = run._info._replace(run_id=run_id)
@@ -189,6 +193,7 @@ def _host(
             if not plan.worker_scope and env.num_nodes > 1
             else None,
             per_rank=plan.per_rank,
+            node=plan.node if plan.node_tier else None,
         )
         funnel = Funnel(options, topology=topology, **wandb_init_kwargs, id=plan.prefix).start()
     except BaseException as exc:
@@ -202,16 +207,46 @@ def _host(
     return run
 
 
+def _through_node_logger(
+    rendezvous: Rendezvous, plan: _Plan, info: AttachInfo, options: FunnelOptions
+) -> AttachInfo:
+    """This node's node logger's address (issue 38): the node's first rank to get here
+    starts it (and keeps it running), the others wait for it in the store. Its ranks keep
+    their records until the root says they are saved: a node logger's death is survived."""
+    from wandb_funnel._node.starter import NodeLogger  # the node tier's ranks only
+
+    key = f"nodelogger/{plan.node}"
+    if rendezvous.claim(key):
+        try:
+            node_logger = NodeLogger.start(
+                upstream=info.address,
+                curve=info.curve,
+                token=info.token,
+                node=plan.node,
+                max_frame=info.max_record_bytes + BATCH_BYTES + 4096,
+                max_restarts=max(options.max_logger_restarts, 1),
+            )
+        except BaseException as exc:
+            rendezvous.publish(key, {"error": f"{type(exc).__name__}: {exc}"})
+            raise
+        rendezvous.publish(key, {"address": node_logger.endpoint})
+    address = str(rendezvous.wait(key, "node logger address")["address"])
+    return info._replace(address=address, curve=None, restarts=True)
+
+
 def _join(
-    env: DistEnv, rendezvous: Rendezvous, plan: _Plan, timeout: float
+    env: DistEnv, rendezvous: Rendezvous, plan: _Plan, options: FunnelOptions
 ) -> tuple[Run, PerRankRuns | None]:
-    """Attach to the logger the hosting rank published; the host's per-rank runs."""
+    """Attach to the logger the hosting rank published (or to this node's node logger);
+    the host's per-rank runs."""
+    timeout = options.start_timeout
     record = rendezvous.wait(plan.key, "logger address")
     tcp, host_node = record.pop("tcp"), record.pop("node")
     per_rank = record.pop("per_rank", None)
     info = AttachInfo(**record)
     # Within the logger's node IPC; from another node TCP (the launcher's node numbers
-    # decide, so two "nodes" on one machine really do cross TCP).
+    # decide, so two "nodes" on one machine really do cross TCP), or this node's node
+    # logger's IPC in the node tier.
     if host_node != plan.node:
         if tcp is None:
             raise LoggerStartError(
@@ -219,6 +254,8 @@ def _join(
                 f"{plan.node}, and listens on IPC only"
             )
         info = info._replace(address=tcp)
+        if plan.node_tier:
+            info = _through_node_logger(rendezvous, plan, info, options)
     # Processes this rank starts attach too; the variables go away with the run, so a
     # later wf.init() here does not find this funnel again.
     saved = _environ.set_for_children(info.to_env())

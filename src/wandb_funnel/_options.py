@@ -39,6 +39,7 @@ from wandb_funnel._constants import (
     REDUCERS,
     RESTARTS,
     RUN_MODES,
+    TIERS,
 )
 
 __all__ = ["FunnelOptions", "PerRankRuns", "Topology", "resolve"]
@@ -187,6 +188,11 @@ class FunnelOptions:
             run again with the same ``id``: ``"continue"`` (the default: every attempt of
             one training continues one run, ``_attempts.py``) or ``"new"`` (a run per
             attempt, as plain wandb).
+        tier: a launched job on several nodes: ``"auto"`` (the default: the node tier when
+            the job spans more than one node), ``"node"`` (a node logger on each node other
+            than the root's: the node's ranks connect to it locally, and it forwards them to
+            the root logger over one connection) or ``"flat"`` (every rank connects to the
+            root logger itself).
 
     Raises:
         ValueError: an option of the wrong type or out of range, named.
@@ -210,6 +216,7 @@ class FunnelOptions:
         "stall_timeout",
         "start_timeout",
         "step_key",
+        "tier",
     )
     NAMES = frozenset(__slots__)
 
@@ -229,6 +236,7 @@ class FunnelOptions:
     replay_max_bytes: int
     stall_timeout: float
     restarts: str
+    tier: str
 
     def __init__(
         self,
@@ -249,6 +257,7 @@ class FunnelOptions:
         replay_max_bytes: int = DEFAULT_REPLAY_MAX_BYTES,
         stall_timeout: float = DEFAULT_STALL_TIMEOUT,
         restarts: str = "continue",
+        tier: str = "auto",
     ) -> None:
         self.run_mode = _choice("run_mode", run_mode, RUN_MODES)
         self.reduce = _reducers(reduce)
@@ -273,6 +282,7 @@ class FunnelOptions:
         self.replay_max_bytes = _count("replay_max_bytes", replay_max_bytes)
         self.stall_timeout = _number("stall_timeout", stall_timeout, positive=False)
         self.restarts = _choice("restarts", restarts, RESTARTS)
+        self.tier = _choice("tier", tier, TIERS)
 
     @classmethod
     def split(
@@ -369,6 +379,8 @@ class Topology(NamedTuple):
     expected_ranks: tuple[int, ...] = ()  # rows wait for these from the start
     tcp_host: str | None = None  # also listen on TCP here (ranks on other nodes)
     per_rank: PerRankRuns | None = None
+    # The node tier (issue 38): the root logger's own node; None: flat (no node loggers).
+    node: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out = self._asdict()
@@ -388,6 +400,7 @@ class Topology(NamedTuple):
                 per_rank=None
                 if per is None
                 else PerRankRuns(str(per[0]), str(per[1]), int(per[2])),
+                node=None if data.get("node") is None else int(data["node"]),
             )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"wandb_funnel: malformed topology: {data!r}") from exc

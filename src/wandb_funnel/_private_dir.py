@@ -23,6 +23,8 @@ import os
 from typing import Any, Final
 
 SOCKET: Final = "logger.sock"
+# A node logger's (issue 38): its directory is not the logger's (no staged media, no run info)
+NODE_SOCKET: Final = "node.sock"
 MEDIA: Final = "media"
 RUN_INFO: Final = "run-info.json"
 STATUS: Final = "status.json"
@@ -33,8 +35,9 @@ TAKEN: Final = "logger-taken.json"
 
 
 def of_address(address: str) -> str | None:
-    """The private directory of a logger's ``ipc://`` address (None for ``tcp://``)."""
-    if not address.startswith("ipc://"):
+    """The private directory of a logger's ``ipc://`` address (None for ``tcp://``, and for
+    a node logger's: the logger is on another node)."""
+    if not address.startswith("ipc://") or os.path.basename(address) != SOCKET:
         return None
     return os.path.dirname(address[len("ipc://") :])
 

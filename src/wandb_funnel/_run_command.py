@@ -27,6 +27,7 @@ from wandb_funnel._constants import (
     REDUCERS,
     RESTARTS,
     RUN_MODES,
+    TIERS,
 )
 from wandb_funnel._options import FunnelOptions, parse_option, resolve
 
@@ -99,6 +100,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         choices=RESTARTS,
         help="a job torchrun restarts or SLURM requeues: continue one run across its "
         "attempts (continue, the default), or a run per attempt as plain wandb (new)",
+    )
+    run.add_argument(
+        "--tier",
+        choices=TIERS,
+        help="several nodes: a node logger per node (node), every rank to the root logger "
+        "(flat), or the node tier when there is more than one node (auto, the default)",
     )
     # The command, when it is not after `--`: everything from its first word on, untouched.
     run.add_argument(

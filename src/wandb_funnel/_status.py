@@ -10,8 +10,11 @@ logger is gone, is left out.
 "state", "rows", "pending_rows", "dropped", "close", "attempt", "ranks": [{"rank", "pid",
 "host", "state", "last_step", "since_last_s", "records", "dropped", "steps_per_s"}]}]}``;
 ``attempt`` is ``{"job", "restart", "number"}`` for a run that is an attempt of a job
-torchrun restarts or SLURM requeues (``_attempts.py``), else null. These names are a
-contract: scripts depend on them.
+torchrun restarts or SLURM requeues (``_attempts.py``), else null. ``nodes`` is
+``[{"node", "host", "logger_pid", "ranks", "state", "restarts"}]`` in the node tier (issue
+38: the root's node, whose logger is the funnel's, then each node logger's; ``state`` is
+``live``, ``ended`` or ``gone``), else null. These names are a contract: scripts depend on
+them.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ FUNNEL_KEYS = (
     "close",
     "attempt",
     "ranks",
+    "nodes",
 )
 RANK_KEYS = (
     "rank",
@@ -111,6 +115,11 @@ def render(found: list[dict[str, Any]]) -> str:
             lines.append(
                 f"  closing: {close.get('rows_left')} rows left, "
                 f"{close.get('seconds_left', 0):.1f}s left of its budget"
+            )
+        for n in f.get("nodes") or []:
+            lines.append(
+                f"  node {n['node']} on {n['host']}: logger pid {n['logger_pid']}, "
+                f"{n['state']}, ranks {n['ranks']}, restarts {n.get('restarts', 0)}"
             )
         lines.append(
             f"  {'rank':>5} {'pid':>8} {'host':<16} {'state':<9} {'step':>8} "

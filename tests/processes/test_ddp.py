@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
-from tests.conftest import Scripts, program, reports, wait_for_report
+from tests.conftest import Scripts, program, reports, torchrun_agents, wait_for_report
 from tests.wandb_reader import WandbRun, find_runs
 
 pytestmark = [pytest.mark.processes, pytest.mark.sink("record")]  # the funnel's semantics
@@ -21,51 +20,13 @@ STEPS = 15
 DDP = program("ddp")  # one rank: MODE SCOPE BEHAVIOUR --steps N
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def torchrun(
     scripts: Scripts, args: list[str], nproc: int, nnodes: int = 1, timeout: float = 120
 ) -> list[subprocess.CompletedProcess[str]]:
-    """Run the DDP scenario under real torchrun: ``nnodes`` torchrun invocations against one
-    localhost master, each in a process group of its own."""
-    port = _free_port()
-    procs = []
-    for node in range(nnodes):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-        if nnodes == 1:
-            cmd += ["--standalone"]
-        else:
-            cmd += [
-                "--nnodes",
-                str(nnodes),
-                "--node-rank",
-                str(node),
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                str(port),
-            ]
-        procs.append(
-            subprocess.Popen(
-                [*cmd, str(DDP), *args, "--steps", str(STEPS)],
-                cwd=scripts.tmp_path,
-                env=scripts.env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                start_new_session=True,
-            )
-        )
-    t0 = time.monotonic()
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return results
+    """The DDP scenario under real torchrun (``torchrun_agents``)."""
+    return torchrun_agents(
+        scripts, [str(DDP), *args, "--steps", str(STEPS)], nproc, nnodes, timeout
+    )
 
 
 def runs_by_id(scripts: Scripts) -> dict[str, WandbRun]:

@@ -83,6 +83,8 @@ class Ledger:
             if isinstance(w.sink, Degradable):
                 lacks.update(w.sink.degraded)
         out["_funnel/wandb_degraded"] = len(lacks)
+        if rx.nodes.tiered:  # the node tier (issue 38): the job's nodes seen
+            out["_funnel/nodes"] = rx.nodes.count()
         return out
 
     def shared(self, writers: Iterable[RunWriter], why: str) -> dict[str, Any]:

@@ -135,6 +135,7 @@ def _start(start: LoggerStart, before: Continuation) -> _Started:
             generation=start.generation,
             saved=before.saved,
             used_ranks=before.ranks,
+            node=start.topology.node,
         )
         logger = Logger(start, receiver, open_run, before)
         # An online run opens in the background: the owner's start (and with it every rank's

@@ -170,6 +170,7 @@ class Monitor:
                 }
             )
         about = self._about
+        nodes = self._receiver.nodes
         return {
             "run_id": about["run_id"],
             "name": info.get("name"),
@@ -185,6 +186,8 @@ class Monitor:
             "attempt": about.get("attempt"),  # a restarted job's attempt (_logger/attempt.py)
             "updated": time.time(),
             "ranks": ranks,
+            # the node tier (issue 38): each node, its node logger's pid, its ranks
+            **({"nodes": nodes.snapshot(now)} if nodes.tiered else {}),
         }
 
     def write_status(self, now: float, status: Callable[[float], dict[str, Any]]) -> None:

@@ -22,6 +22,7 @@ from wandb_funnel._constants import BATCH_RECORDS, EXIT_OWNER_LOST
 from wandb_funnel._logger.blobs import BlobWriter
 from wandb_funnel._logger.close_request import CloseRequests
 from wandb_funnel._logger.events import Attached, Ended, Event, Records, Update
+from wandb_funnel._logger.nodes import Nodes
 from wandb_funnel._logger.say import Drops, log_to_stderr
 from wandb_funnel._logger.streams import Peer, Streams
 from wandb_funnel._protocol import codec
@@ -31,6 +32,7 @@ from wandb_funnel._protocol.messages import (
     Close,
     Goodbye,
     Hello,
+    NodeHello,
     Record,
     RecordBatch,
     Saved,
@@ -63,6 +65,7 @@ class Receiver(threading.Thread):
         generation: int = 0,
         saved: dict[int, int] | None = None,
         used_ranks: set[int] | None = None,
+        node: int | None = None,
     ) -> None:
         super().__init__(name="wandb-funnel-receiver", daemon=True)
         self._sock = sock
@@ -72,6 +75,7 @@ class Receiver(threading.Thread):
         self._host = socket.gethostname()
         self.streams = Streams(first_auto_rank, saved, used_ranks)
         self._peers = self.streams.peers
+        self.nodes = Nodes(node, self.streams, sock.routes)  # the node tier's node loggers
         # A restarted logger (generation > 0): streams it does not know are asked to say
         # hello again.
         self._generation = generation
@@ -240,6 +244,9 @@ class Receiver(threading.Thread):
                 self.footer = message.footer
                 self.close_requests.ask(message.exit_code, message.budget, "closed by the owner")
             return
+        if isinstance(message, NodeHello):
+            self.rejected_peers += not self.nodes.seen(identity, message, self._token)
+            return
         peer = self._peers.get(identity)
         if peer is None:
             if self._generation:
@@ -274,8 +281,6 @@ class Receiver(threading.Thread):
         if now - self._asked.get(identity, -_REHELLO_PERIOD) >= _REHELLO_PERIOD:
             self._asked[identity] = now
             self._sock.reply(identity, codec.REHELLO_FRAME)
-            if os.environ.get("WANDB_FUNNEL_DEBUG_RESTART"):
-                log_to_stderr(f"DEBUG rehello to {identity!r}")
 
     def _hello(self, identity: bytes, hello: Hello) -> None:
         if hello.token != self._token:
@@ -288,8 +293,6 @@ class Receiver(threading.Thread):
                 self._drop(
                     lost, "a rank's replay buffer was full when the logger was restarted", peer.rank
                 )
-            if hello.resume is not None and os.environ.get("WANDB_FUNNEL_DEBUG_RESTART"):
-                log_to_stderr(f"DEBUG resumed {identity!r} rank {peer.rank} {hello.resume}")
             self.events.put(Attached(peer.rank, hello.pid))
         welcome = Welcome(peer.rank, self.run_info, os.getpid())
         self._sock.reply(identity, codec.encode_welcome(welcome))

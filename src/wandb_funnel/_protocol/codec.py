@@ -33,6 +33,7 @@ from wandb_funnel._protocol.messages import (
     GOODBYE,
     HELLO,
     MEDIA_EXT,
+    NODE,
     PROTOCOL_VERSION,
     RECORDS,
     REHELLO,
@@ -46,6 +47,7 @@ from wandb_funnel._protocol.messages import (
     Hello,
     MediaRef,
     Message,
+    NodeHello,
     RecordBatch,
     Rehello,
     Saved,
@@ -246,6 +248,12 @@ def encode_saved(saved: Saved) -> bytes:
 REHELLO_FRAME: Final[bytes] = msgpack.packb((PROTOCOL_VERSION, REHELLO))
 
 
+def encode_node_hello(hello: NodeHello) -> bytes:
+    return msgpack.packb(  # type: ignore[no-any-return]
+        (PROTOCOL_VERSION, NODE, hello.token, hello.node, hello.host, hello.pid, hello.state)
+    )
+
+
 def encode_done(done: Done) -> bytes:
     return msgpack.packb((PROTOCOL_VERSION, DONE, done.stats))  # type: ignore[no-any-return]
 
@@ -410,6 +418,30 @@ def _rehello(body: list[Any]) -> Rehello:
     return Rehello()
 
 
+def _node_hello(body: list[Any]) -> NodeHello:
+    _want(len(body) == 5, "node hello needs 5 fields")
+    token, node, host, pid, state = body
+    _want(type(token) is str and type(host) is str and state in ("live", "ended"), "bad node")
+    _want(_is_int(node) and 0 <= node <= MAX_STEP and _is_int(pid) and pid >= 0, "bad node")
+    return NodeHello(token, node, host, pid, state)
+
+
+def peek_kind(frame: bytes) -> int | None:
+    """A frame's message kind from its header alone (a node logger's forwarding: records
+    pass through undecoded); None when the header is malformed."""
+    try:
+        unpacker = msgpack.Unpacker(max_buffer_size=max(len(frame), 1))
+        unpacker.feed(frame)
+        size = unpacker.read_array_header()
+        if size < 2:
+            return None
+        unpacker.skip()  # the version: decode() checks it where the frame is taken
+        kind = unpacker.unpack()
+    except Exception:
+        return None
+    return kind if _is_int(kind) else None
+
+
 def _done(body: list[Any]) -> Done:
     _want(len(body) == 1 and type(body[0]) is dict, "bad done")
     return Done(body[0])
@@ -426,6 +458,7 @@ _DECODERS: Final[dict[int, Callable[[list[Any]], Message]]] = {
     ACK: _ack,
     SAVED: _saved,
     REHELLO: _rehello,
+    NODE: _node_hello,
     DONE: _done,
     **{kind: functools.partial(_update, kind) for kind in UpdateKind},
 }

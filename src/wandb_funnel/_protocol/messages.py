@@ -25,6 +25,7 @@ DONE: Final = 17
 ACK: Final = 18
 SAVED: Final = 19  # the logger's: a stream's records below a sequence number are safe in the run
 REHELLO: Final = 20  # the logger's: "say hello again" (it restarted and does not know you)
+NODE: Final = 21  # a node logger's, to the root: the node it serves, now and then (issue 38)
 
 
 # msgpack extension type of a media value inside a record (``wandb.Image``, ``wf.Table``, ...):
@@ -204,6 +205,18 @@ class Rehello(NamedTuple):
     and resend what was not saved."""
 
 
+class NodeHello(NamedTuple):
+    """A node logger's word to the root logger, when it connects and every second after:
+    which node it serves, from which host and process; ``state`` is ``"live"``, or
+    ``"ended"`` when it leaves (its ranks have finished)."""
+
+    token: str
+    node: int
+    host: str
+    pid: int
+    state: str = "live"
+
+
 class Done(NamedTuple):
     """The logger's answer to Close, sent once the run is finished."""
 
@@ -211,7 +224,18 @@ class Done(NamedTuple):
 
 
 Message = (
-    Hello | RecordBatch | Update | Blob | Goodbye | Close | Welcome | Done | Ack | Saved | Rehello
+    Hello
+    | RecordBatch
+    | Update
+    | Blob
+    | Goodbye
+    | Close
+    | Welcome
+    | Done
+    | Ack
+    | Saved
+    | Rehello
+    | NodeHello
 )
 
 
@@ -281,6 +305,45 @@ class LoggerStart(NamedTuple):
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"wandb_funnel: malformed logger start message: {exc}") from exc
         return start
+
+
+class NodeStart(NamedTuple):
+    """What a rank tells the node logger it starts (issue 38), as one JSON line on its stdin:
+    where the node's ranks connect (``endpoint`` in the private ``ipc_dir``), where the root
+    logger listens (``upstream``, with the job's client CURVE keys), and which node this is.
+    ``generation``: how many node loggers this node had before this one."""
+
+    endpoint: str
+    ipc_dir: str
+    upstream: str
+    curve: dict[str, str] | None
+    token: str
+    node: int
+    parent_pid: int
+    max_frame: int
+    generation: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(self._asdict()).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> NodeStart:
+        try:
+            data = json.loads(raw)
+            curve = data["curve"]
+            return cls(
+                endpoint=str(data["endpoint"]),
+                ipc_dir=str(data["ipc_dir"]),
+                upstream=str(data["upstream"]),
+                curve=None if curve is None else {str(k): str(v) for k, v in curve.items()},
+                token=str(data["token"]),
+                node=int(data["node"]),
+                parent_pid=int(data["parent_pid"]),
+                max_frame=int(data["max_frame"]),
+                generation=int(data.get("generation", 0)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"wandb_funnel: malformed node logger start message: {exc}") from exc
 
 
 def _str_dict(value: Any) -> dict[str, str] | None:

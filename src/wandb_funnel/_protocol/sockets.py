@@ -75,7 +75,7 @@ def term_process_context(timeout: float) -> bool:
     return done.wait(timeout)
 
 
-def private_ipc_endpoint() -> tuple[str, str]:
+def private_ipc_endpoint(name: str = _private_dir.SOCKET) -> tuple[str, str]:
     """A fresh ``ipc://`` endpoint inside a new 0700 directory; returns (endpoint, directory)."""
     import tempfile  # the owner's alone: a worker's import skips it
 
@@ -84,7 +84,7 @@ def private_ipc_endpoint() -> tuple[str, str]:
         base = "/tmp"
     directory = tempfile.mkdtemp(prefix="wandb-funnel-", dir=base)  # mkdtemp makes it 0700
     os.chmod(directory, 0o700)
-    return f"ipc://{os.path.join(directory, _private_dir.SOCKET)}", directory
+    return f"ipc://{os.path.join(directory, name)}", directory
 
 
 # The owner removes the directory with its socket once the funnel has closed.
@@ -112,6 +112,9 @@ def client_curve(keys: dict[str, str]) -> dict[str, str]:
 # with a byte that says which kind of peer is talking, and never collide with those.
 STREAM_PREFIX: Final = b"\x01"  # a stream: one rank of one process (HELLO, records, GOODBYE)
 CLOSER_PREFIX: Final = b"\x02"  # the owner's CLOSE socket: never a rank
+# A node logger (issue 38): it forwards its node's streams as [stream identity, frame], and
+# says its own NodeHello as a single frame.
+NODE_PREFIX: Final = b"\x03"
 
 
 class ClientSocket:
@@ -278,6 +281,9 @@ class LoggerSocket:
             raise OSError(f"wandb_funnel: cannot bind the logger to {endpoint!r}: {exc}") from exc
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
+        # A stream forwarded by a node logger -> that node logger's identity: its replies go
+        # back the same way (the latest route wins: a restarted node logger is a new peer).
+        self.routes: dict[bytes, bytes] = {}
 
     def handshake_failures(self) -> int:
         """Peers refused by the handshake since the last call (no or wrong CURVE keys)."""
@@ -294,16 +300,25 @@ class LoggerSocket:
         return bool(self._poller.poll(max(0, int(timeout * 1000))))
 
     def recv_nowait(self) -> tuple[bytes, list[bytes]] | None:
-        """(identity, frames) of the next message, or None when nothing is queued."""
+        """(identity, frames) of the next message, or None when nothing is queued. A
+        stream's frame forwarded by a node logger comes out as the stream's own."""
         try:
             parts = self._sock.recv_multipart(zmq.NOBLOCK)
         except zmq.Again:
             return None
-        return parts[0], parts[1:]
+        identity = parts[0]
+        if identity[:1] == NODE_PREFIX and len(parts) == 3 and parts[1][:1] == STREAM_PREFIX:
+            self.routes[parts[1]] = identity
+            return parts[1], parts[2:]
+        return identity, parts[1:]
 
     def reply(self, identity: bytes, frame: bytes) -> None:
+        route = self.routes.get(identity)
         try:
-            self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
+            if route is None:
+                self._sock.send_multipart([identity, frame], zmq.NOBLOCK)
+            else:
+                self._sock.send_multipart([route, identity, frame], zmq.NOBLOCK)
         except zmq.ZMQError:
             pass  # the peer is gone or slow: replies are advisory
 
@@ -317,4 +332,77 @@ class LoggerSocket:
         self._sock.close(linger=500)
         if self._auth is not None:
             self._auth.stop()
+        self._ctx.term()
+
+
+class NodeSockets:
+    """A node logger's two sockets (issue 38): a ROUTER on the node's private IPC endpoint,
+    where the node's ranks connect as they would to the logger, and one DEALER to the root
+    logger over TCP with the job's CURVE keys. Frames cross as they are, never decoded here;
+    each stream's frames keep their order. Owned by one thread."""
+
+    def __init__(
+        self, endpoint: str, upstream: str, curve: dict[str, str] | None, max_frame_bytes: int
+    ) -> None:
+        self._ctx = zmq.Context()
+        self.local = self._ctx.socket(zmq.ROUTER)
+        self.local.setsockopt(zmq.LINGER, 0)
+        self.local.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        self.local.setsockopt(zmq.SNDHWM, 10_000)
+        self.up = self._ctx.socket(zmq.DEALER)
+        if curve:
+            self.up.curve_serverkey = curve["server_public"].encode()
+            self.up.curve_publickey = curve["client_public"].encode()
+            self.up.curve_secretkey = curve["client_secret"].encode()
+        self.up.setsockopt(zmq.LINGER, 0)
+        # A fresh identity per node logger: a restarted one is a new peer to the root, and
+        # the root's ROUTER never refuses it for an identity still in use.
+        self.up.setsockopt(zmq.ROUTING_ID, NODE_PREFIX + os.urandom(11))
+        self.up.setsockopt(zmq.SNDHWM, 10_000)
+        try:
+            self.local.bind(endpoint)
+            self.up.connect(upstream)
+        except zmq.ZMQError as exc:
+            self.close(0)
+            raise OSError(f"wandb_funnel: node logger cannot use {endpoint!r}: {exc}") from exc
+
+    def poll(self, timeout: float, up_out: bool) -> tuple[bool, bool, bool]:
+        """(a rank's frame waits, the root's reply waits, the root takes a frame) within
+        ``timeout``; ranks are not read while the root cannot take (``up_out``)."""
+        poller = zmq.Poller()
+        poller.register(self.local, zmq.POLLIN if not up_out else 0)
+        poller.register(self.up, zmq.POLLIN | (zmq.POLLOUT if up_out else 0))
+        ready = dict(poller.poll(max(0, int(timeout * 1000))))
+        local, up = ready.get(self.local, 0), ready.get(self.up, 0)
+        return bool(local & zmq.POLLIN), bool(up & zmq.POLLIN), bool(up & zmq.POLLOUT)
+
+    def recv_local(self) -> list[bytes] | None:
+        try:
+            return self.local.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def recv_up(self) -> list[bytes] | None:
+        try:
+            return self.up.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+
+    def send_up(self, parts: list[bytes]) -> bool:
+        """Queue ``parts`` to the root; False when its queue is full (the caller keeps them)."""
+        try:
+            self.up.send_multipart(parts, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    def send_local(self, identity: bytes, frame: bytes) -> None:
+        try:
+            self.local.send_multipart([identity, frame], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # the rank is gone or slow: replies are advisory
+
+    def close(self, linger: float) -> None:
+        self.local.close(linger=0)
+        self.up.close(linger=max(0, int(linger * 1000)))
         self._ctx.term()

@@ -1,0 +1,134 @@
+"""The node tier (issue 38) under real torchrun: two agents on 127.0.0.1 (``--nnodes 2
+--node-rank 0|1``, static rendezvous) are two nodes of 2 ranks each; node 1's ranks reach the
+root logger through node 1's node logger. Read back from what wandb wrote."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+from typing import Any
+
+import pytest
+
+from tests.conftest import Scripts, leftover_processes, program, reports, torchrun_agents
+from tests.wandb_reader import WandbRun, only_run
+
+pytestmark = [pytest.mark.processes, pytest.mark.sink("wandb")]
+
+NODES = program("nodes")
+RANKS = range(4)
+
+
+def _values(rank: int, step: int) -> dict[str, Any]:
+    # tests/programs/nodes.py's values(), computed again here
+    return {
+        "loss": ((rank * 7 + step * 3) % 11) / 3.0 + 1e-9 * rank,
+        "peak": rank * 10 + step,
+        "tokens": rank + step,
+        "t": 0.5 * (rank + 1) + 0.01 * step,
+    }
+
+
+def _expected_row(step: int) -> dict[str, Any]:
+    """The flat funnel's reductions of the four ranks' values (``_logger/reduce.py``)."""
+    by_rank = [_values(r, step) for r in RANKS]
+    ts = [v["t"] for v in by_rank]
+    return {
+        "loss": math.fsum(v["loss"] for v in by_rank) / 4,
+        "peak": max(v["peak"] for v in by_rank),
+        "tokens": sum(v["tokens"] for v in by_rank),
+        "t": math.fsum(ts) / 4,
+        "t/min": min(ts),
+        "t/max": max(ts),
+        "t/min_rank": ts.index(min(ts)),
+        "t/max_rank": ts.index(max(ts)),
+        **{f"r{r}": step for r in RANKS},
+    }
+
+
+def _job(
+    scripts: Scripts, tier: str, behaviour: str, steps: int
+) -> tuple[list[subprocess.CompletedProcess[str]], WandbRun, dict[str, Any]]:
+    argv = [str(NODES), tier, behaviour, "--steps", str(steps)]
+    results = torchrun_agents(scripts, argv, nproc=2, nnodes=2, timeout=150)
+    for res in results:
+        assert res.returncode == 0, res.stderr[-4000:]
+    assert leftover_processes(scripts.mark) == []
+    return results, only_run(scripts.wandb_dir), reports("".join(r.stdout for r in results))
+
+
+def _user_rows(run: WandbRun, steps: int) -> list[dict[str, Any]]:
+    keys = set(_expected_row(0))
+    rows = [{k: v for k, v in row.items() if k in keys} for row in run.history]
+    assert [row["_step"] for row in run.history] == list(range(steps))
+    return rows
+
+
+def test_two_nodes_one_run_exact_reductions_and_status(scripts: Scripts) -> None:
+    """Node tier: one run; every row is the exact reduction of the four ranks (mean, max,
+    sum, spread with its ranks); ``_funnel/nodes`` is 2; ``wandb-funnel status --json``
+    listed both nodes, each with its logger's pid and its ranks; nothing is dropped."""
+    steps = 20
+    _, run, seen = _job(scripts, "node", "plain", steps)
+    rows = _user_rows(run, steps)
+    assert rows == [_expected_row(step) for step in range(steps)]
+    assert run.summary["_funnel/nodes"] == 2
+    assert run.summary["_funnel/ranks"] == 4
+    assert run.summary["_funnel/dropped_records"] == 0
+    assert run.summary["_funnel/records"] == 4 * steps
+    # health through the tier names the global rank: rank 3 (node 1) has the largest t
+    assert run.summary["_funnel/stragglers"] == [3]
+    nodes = {n["node"]: n for n in seen["status_nodes"]}
+    assert set(nodes) == {0, 1}, seen["status_nodes"]
+    assert nodes[0]["ranks"] == [0, 1] and nodes[1]["ranks"] == [2, 3]
+    assert all(n["state"] == "live" for n in nodes.values())
+    # node 0's is the root logger; node 1's is a process of its own
+    assert isinstance(nodes[1]["logger_pid"], int) and nodes[1]["logger_pid"] > 0
+    assert nodes[0]["logger_pid"] != nodes[1]["logger_pid"]
+    assert nodes[0]["logger_pid"] != seen["tier_pid"]
+
+
+def test_flat_tier_gives_the_same_user_values(scripts: Scripts) -> None:
+    """``tier="flat"`` on the same two nodes: the same rows, value for value, and no
+    ``_funnel/nodes``."""
+    steps = 20
+    _, run, seen = _job(scripts, "flat", "plain", steps)
+    rows = _user_rows(run, steps)
+    assert rows == [_expected_row(step) for step in range(steps)]
+    assert "_funnel/nodes" not in run.summary
+    assert seen["status_nodes"] == []
+
+
+def test_a_sigkilled_node_logger_loses_no_rank_s_record(scripts: Scripts) -> None:
+    """Node 1's node logger SIGKILLed mid-run: a new one takes over, node 1's ranks resend
+    what the root had not saved, and every step of every rank is in the run exactly once,
+    reduced exactly; nothing is counted dropped."""
+    steps = 80
+    results, run, seen = _job(scripts, "node", "kill-node-logger", steps)
+    killed = seen["killed_node_logger"]
+    err = "".join(r.stderr for r in results)
+    said = re.search(rf"the node logger of node 1 \(pid {killed}\) was killed by SIGKILL", err)
+    assert said, err[-4000:]
+    rows = _user_rows(run, steps)
+    assert rows == [_expected_row(step) for step in range(steps)]
+    assert run.summary["_funnel/records"] == 4 * steps
+    assert run.summary["_funnel/dropped_records"] == 0
+    assert run.summary["_funnel/late_records"] == 0
+
+
+def test_the_root_logger_sigkilled_loses_no_rank_s_record_through_the_tier(
+    scripts: Scripts,
+) -> None:
+    """The root logger SIGKILLed mid-run: the owner starts a new one, which continues the
+    run; node 1's ranks, through their node logger, resend what was not saved: every step
+    of every rank once, reduced exactly."""
+    steps = 80
+    _, run, seen = _job(scripts, "node", "kill-root-logger", steps)
+    assert seen["killed_root_logger"] > 0
+    rows = _user_rows(run, steps)
+    assert rows == [_expected_row(step) for step in range(steps)]
+    assert run.summary["_funnel/logger_restarts"] == 1
+    assert run.summary["_funnel/records"] == 4 * steps
+    assert run.summary["_funnel/dropped_records"] == 0
+    assert run.summary["_funnel/nodes"] == 2
