@@ -209,3 +209,20 @@ def test_node_messages_refuse_malformed_input() -> None:
     assert NodeStart.from_json(start.to_json()) == start
     with pytest.raises(ValueError, match="node logger start message"):
         NodeStart.from_json(b'{"endpoint": "x"}')
+
+
+def test_status_shows_each_node_with_its_logger_and_ranks() -> None:
+    from wandb_funnel import _status
+
+    funnel: dict[str, object] = dict.fromkeys(_status.FUNNEL_KEYS)
+    funnel.update(run_id="r", owner_pid=1, started=0, state="running", rows=3)
+    funnel.update(pending_rows=0, dropped=0, ranks=[])
+    funnel["nodes"] = [
+        {"node": 0, "host": "a", "logger_pid": 10, "ranks": [0, 1], "state": "live"},
+        {"node": 1, "host": "b", "logger_pid": 77, "ranks": [2, 3], "state": "gone"},
+    ]
+    screen = _status.render([funnel])
+    assert "node 0 on a: logger pid 10, live, ranks [0, 1], restarts 0" in screen
+    assert "node 1 on b: logger pid 77, gone, ranks [2, 3], restarts 0" in screen
+    funnel["nodes"] = None  # flat: no node lines
+    assert "node " not in _status.render([funnel])

@@ -224,7 +224,7 @@ def _through_node_logger(
                 token=info.token,
                 node=plan.node,
                 max_frame=info.max_record_bytes + BATCH_BYTES + 4096,
-                max_restarts=max(options.max_logger_restarts, 1),
+                max_restarts=options.max_logger_restarts,
             )
         except BaseException as exc:
             rendezvous.publish(key, {"error": f"{type(exc).__name__}: {exc}"})

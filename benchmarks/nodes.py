@@ -1,0 +1,270 @@
+"""The root logger under many ranks (issue 38): N simulated ranks over M nodes into one root
+(null sink), through the node tier and flat, side by side at the same load.
+
+    python benchmarks/nodes.py --nodes 2048 --ranks-per-node 8 --keys 50 --rate 10 \\
+        --seconds 20 [--tier both|node|flat] [--producers 4]
+
+The ranks are simulated by ``--producers`` processes, each holding its share of the nodes:
+
+- **flat**: one DEALER per rank to the root's TCP endpoint with the job's CURVE keys, as a
+  rank on another node has;
+- **node**: one DEALER per node, with the node logger's identity, sending each of its ranks'
+  frames as ``[rank identity, frame]`` and a NodeHello a second: exactly what a node logger
+  forwards (``_node/relay.py`` never decodes a frame), without 2,048 processes on one box.
+
+Every rank says hello, then every ``1/rate`` seconds sends a batch of one record of
+``--keys`` float keys at the next step (one packed record per step, shared by the ranks, so
+that the producers keep the pace), then goodbye. The root is a real logger process with the
+null sink (``WANDB_FUNNEL_SINK=null``): these are the funnel's figures, not wandb's.
+
+Reports, per tier: the root logger's CPU as a fraction of one core over the paced window,
+its peak RSS, the TCP connections at the root, the p99 lag from a step's schedule to its row
+(``status.json``'s rows against the step the schedule had reached at its ``updated`` time),
+records taken and dropped, and the pace the producers kept. 0 collectives: no
+``torch.distributed`` call is made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+from _common import percentile, report, rss_mb
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _connections(port: int) -> int:
+    """Established TCP connections to ``port`` on this host (the root's side of each)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh)
+                for line in fh:
+                    cols = line.split()
+                    if int(cols[1].rsplit(":", 1)[1], 16) == port and cols[3] == "01":
+                        count += 1
+        except OSError:
+            continue
+    return count
+
+
+def _producer(
+    tier: str,
+    nodes: list[int],
+    per_node: int,
+    keys: int,
+    rate: float,
+    steps: int,
+    attach: dict[str, Any],
+    start: Any,
+    ready: Any,
+) -> None:
+    import zmq
+
+    from wandb_funnel._protocol import codec
+    from wandb_funnel._protocol.messages import Goodbye, Hello, NodeHello
+    from wandb_funnel._protocol.sockets import NODE_PREFIX, STREAM_PREFIX
+
+    ctx = zmq.Context()
+    ctx.set(zmq.MAX_SOCKETS, len(nodes) * (per_node + 1) + 64)  # 1,023 by default
+    curve = attach["curve"]
+
+    def dealer(identity: bytes) -> Any:
+        s = ctx.socket(zmq.DEALER)
+        s.curve_serverkey = curve["server_public"].encode()
+        s.curve_publickey = curve["client_public"].encode()
+        s.curve_secretkey = curve["client_secret"].encode()
+        s.setsockopt(zmq.LINGER, 2000)
+        s.setsockopt(zmq.SNDHWM, 100_000)
+        s.setsockopt(zmq.ROUTING_ID, identity)
+        s.connect(attach["tcp"])
+        return s
+
+    token, pid = attach["token"], os.getpid()
+    # (socket, prefix frames, requested rank) per simulated rank
+    ranks: list[tuple[Any, list[bytes], int]] = []
+    node_socks: list[tuple[Any, int]] = []
+    for node in nodes:
+        up = dealer(NODE_PREFIX + os.urandom(11)) if tier == "node" else None
+        if up is not None:
+            node_socks.append((up, node))
+        for local in range(per_node):
+            rank = 1 + node * per_node + local
+            identity = STREAM_PREFIX + os.urandom(11)
+            if up is None:
+                ranks.append((dealer(identity), [], rank))
+            else:
+                ranks.append((up, [identity], rank))
+    socks = [up for up, _ in node_socks] or [s for s, _, _ in ranks]
+
+    def beat() -> None:
+        for up, node in node_socks:
+            up.send(codec.encode_node_hello(NodeHello(token, node, f"sim-{node}", pid)))
+
+    def drain() -> None:
+        for s in socks:
+            while s.poll(0):
+                s.recv_multipart()
+
+    beat()
+    for s, prefix, rank in ranks:
+        hello = Hello(token, pid, f"sim-{rank // per_node}", rank, None)
+        s.send_multipart([*prefix, codec.encode_hello(hello)])
+    ready.put(len(ranks))
+    t0 = start.get()
+    data = {f"k{i:02d}": float(i) for i in range(keys)}
+    behind = 0.0
+    next_beat = time.monotonic() + 1.0
+    for step in range(steps):
+        due = t0 + step / rate
+        now = time.time()
+        if now < due:
+            time.sleep(due - now)
+        else:
+            behind = max(behind, now - due)
+        frame = codec.encode_batch(step, [codec.encode_record(step, True, data, 1 << 20)])
+        for s, prefix, _ in ranks:
+            s.send_multipart([*prefix, frame])
+        drain()
+        if node_socks and time.monotonic() >= next_beat:
+            next_beat = time.monotonic() + 1.0
+            beat()
+    for s, prefix, _ in ranks:
+        s.send_multipart([*prefix, codec.encode_goodbye(Goodbye(steps, "done", 0))])
+    ready.put(behind)
+    time.sleep(2.0)
+    for s in socks:
+        s.close()
+    ctx.term()
+
+
+def _status_lag(path: str, t0: float, rate: float, lags: list[float], stop: Any) -> None:
+    seen = 0.0
+    while not stop.wait(0.2):
+        try:
+            with open(path) as fh:
+                status = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        updated = float(status.get("updated") or 0)
+        if updated <= seen or updated < t0:
+            continue
+        seen = updated
+        lags.append(max(0.0, (updated - t0) * rate - status["rows"]) / rate)
+
+
+def _get(ready: Any, procs: list[Any]) -> Any:
+    """The next producer's message; a producer that died ends the benchmark, said."""
+    while ready.empty():
+        dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+        if dead:
+            for p in procs:
+                p.kill()
+            raise SystemExit(f"a producer died (exit codes {dead}): see its traceback above")
+        time.sleep(0.1)
+    return ready.get()
+
+
+def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
+    import wandb_funnel as wf
+    from wandb_funnel import _private_dir
+    from wandb_funnel._options import FunnelOptions, Topology
+
+    n = args.nodes * args.ranks_per_node
+    steps = int(args.seconds * args.rate)
+    topology = Topology(
+        first_auto_rank=n + 1, tcp_host="127.0.0.1", node=0 if tier == "node" else None
+    )
+    options = FunnelOptions(close_timeout=120, max_pending_rows=100_000)
+    f = wf.Funnel(options, topology=topology, project="bench-nodes").start()
+    assert f.logger_pid is not None and f.tcp_address is not None
+    info = f.attach_info()
+    attach = {"tcp": f.tcp_address, "token": info.token, "curve": info.curve}
+    ctx = mp.get_context("spawn")
+    start, ready = ctx.SimpleQueue(), ctx.SimpleQueue()
+    share = [list(range(p, args.nodes, args.producers)) for p in range(args.producers)]
+    procs = [
+        ctx.Process(
+            target=_producer,
+            args=(tier, nodes, args.ranks_per_node, args.keys, args.rate, steps, attach),
+            kwargs={"start": start, "ready": ready},
+        )
+        for nodes in share
+    ]
+    for proc in procs:
+        proc.start()
+    attached = sum(_get(ready, procs) for _ in procs)
+    time.sleep(2.0)  # the handshakes and hellos settle before the paced window
+    port = int(f.tcp_address.rsplit(":", 1)[1])
+    connections = _connections(port)
+    t0 = time.time() + 0.5
+    for _ in procs:
+        start.put(t0)
+    lags: list[float] = []
+    stop = threading.Event()
+    status = _private_dir.path(_private_dir.of_address(info.address) or "", _private_dir.STATUS)
+    watcher = threading.Thread(target=_status_lag, args=(status, t0, args.rate, lags, stop))
+    watcher.start()
+    cpu0, w0, peak = _cpu_seconds(f.logger_pid), time.time(), 0.0
+    behind = 0.0
+    for _ in procs:
+        while ready.empty():
+            peak = max(peak, rss_mb(f.logger_pid))
+            time.sleep(0.25)
+        behind = max(behind, _get(ready, procs))
+    cpu1, w1 = _cpu_seconds(f.logger_pid), time.time()
+    stop.set()
+    watcher.join()
+    for proc in procs:
+        proc.join()
+    f.close()
+    stats = f.stats or {}
+    return {
+        "tier": tier,
+        "ranks": n,
+        "nodes": args.nodes,
+        "attached": attached,
+        "root_cpu_core": round((cpu1 - cpu0) / (w1 - w0), 3),
+        "root_peak_rss_mb": round(peak, 1),
+        "connections_at_root": connections,
+        "p99_step_to_row_s": round(percentile(lags, 99), 2) if lags else None,
+        "lag_samples": len(lags),
+        "records": stats.get("_funnel/records"),
+        "sent": n * steps,
+        "dropped": stats.get("_funnel/dropped_records"),
+        "rows": stats.get("_funnel/rows"),
+        "producers_behind_s": round(behind, 2),
+        "host": socket.gethostname(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tier", choices=["both", "node", "flat"], default="both")
+    parser.add_argument("--nodes", type=int, default=2048)
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument("--keys", type=int, default=50)
+    parser.add_argument("--rate", type=float, default=10.0, help="steps per second")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--producers", type=int, default=4)
+    args = parser.parse_args()
+    os.environ["WANDB_FUNNEL_SINK"] = "null"
+    os.environ.setdefault("WANDB_MODE", "offline")
+    for tier in ("node", "flat") if args.tier == "both" else (args.tier,):
+        report(**one(tier, args))
+
+
+if __name__ == "__main__":
+    main()
