@@ -152,7 +152,7 @@ def test_resolve_takes_the_keyword_then_the_variable_then_the_default() -> None:
     every = {variable(n): "1" for n in FunnelOptions.NAMES if n not in ("reduce", "step_key")}
     every.update(WANDB_FUNNEL_RUN_MODE="auto", WANDB_FUNNEL_RANK_SCOPE="global")
     every.update(WANDB_FUNNEL_ON_NETWORK_ERROR="raise", WANDB_FUNNEL_STEP_KEY="s")
-    every.update(WANDB_FUNNEL_RESTARTS="new")
+    every.update(WANDB_FUNNEL_RESTARTS="new", WANDB_FUNNEL_TIER="flat")
     assert set(resolve({}, every)) == FunnelOptions.NAMES - {"reduce"}
 
 
