@@ -119,6 +119,23 @@ SCENARIOS: list[Scenario] = [
         fault=Fault("kill-logger", ends_training=False),
     ),
     Scenario(
+        "two-nodes",
+        "two torchrun agents as two nodes, 2 ranks each: node 1 through its node logger",
+        "two_nodes.py",
+        ("2",),
+        needs=("torch",),
+        deadline=150,
+    ),
+    Scenario(
+        "two-nodes-node-logger-killed",
+        "two nodes, 2 ranks each: SIGKILL to node 1's node logger mid-run",
+        "two_nodes.py",
+        ("2", "--steps", "1500"),
+        needs=("torch",),
+        deadline=180,
+        fault=Fault("kill-node-logger", ends_training=False),
+    ),
+    Scenario(
         "sink-behind",
         "workers log flat out, far faster than wandb writes rows",
         "flood.py",

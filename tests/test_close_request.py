@@ -51,11 +51,13 @@ def test_a_request_from_a_signal_handler() -> None:
 def test_the_receivers_death_asks_for_the_close() -> None:
     """The receiver's thread dies (here its socket raises): the run closes through the one
     path, with the funnel's close_timeout (budget None) and the cause named."""
-    from typing import Any, cast
+    from typing import Any, ClassVar, cast
 
     from wandb_funnel._logger.receiver import Receiver
 
     class BrokenSocket:
+        routes: ClassVar[dict[bytes, bytes]] = {}
+
         def wait(self, timeout: float) -> bool:
             raise OSError("the socket broke")
 

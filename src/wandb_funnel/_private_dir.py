@@ -37,7 +37,7 @@ TAKEN: Final = "logger-taken.json"
 def of_address(address: str) -> str | None:
     """The private directory of a logger's ``ipc://`` address (None for ``tcp://``, and for
     a node logger's: the logger is on another node)."""
-    if not address.startswith("ipc://") or os.path.basename(address) != SOCKET:
+    if not address.startswith("ipc://") or os.path.basename(address) == NODE_SOCKET:
         return None
     return os.path.dirname(address[len("ipc://") :])
 

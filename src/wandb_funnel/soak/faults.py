@@ -98,6 +98,8 @@ class FaultInjector:
             return self._kill_one("logger")
         elif action == "kill-wandb-core":
             return self._kill_one("wandb-core")
+        elif action == "kill-node-logger":
+            return self._kill_one("node-logger")
         elif action == "stall-wandb-core":
             for proc in self.job.by_role("wandb-core"):
                 try:

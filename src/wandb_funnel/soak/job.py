@@ -36,6 +36,8 @@ def role_of(proc: psutil.Process, owner_pid: int) -> str:
         return "worker"
     if "wandb_funnel._logger" in cmd:
         return "logger"
+    if "wandb_funnel._node" in cmd:  # a node logger (issue 38): never a "worker"
+        return "node-logger"
     if "wandb-core" in cmd:
         return "wandb-core"
     return "worker"

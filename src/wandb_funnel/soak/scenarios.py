@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 #                     wandb-core and multiprocessing's helper processes
 #   kill-logger       SIGKILL to the logger process
 #   kill-wandb-core   SIGKILL to wandb-core
+#   kill-node-logger  SIGKILL to a node logger (a job on several nodes: the node tier)
 #   stall-wandb-core  SIGSTOP wandb-core for ``grace`` s, then SIGCONT: a sink that stalls
 ACTIONS = (
     "sigint-group",
@@ -39,6 +40,7 @@ ACTIONS = (
     "kill-worker",
     "kill-logger",
     "kill-wandb-core",
+    "kill-node-logger",
     "stall-wandb-core",
 )
 
