@@ -176,10 +176,12 @@ def torchrun_agents(
     nnodes: int = 1,
     timeout: float = 120,
     extra_env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> list[subprocess.CompletedProcess[str]]:
     """``argv`` (a program and its arguments) under real torchrun: ``nnodes`` torchrun agents
     (``--nnodes N --node-rank i``, static rendezvous at a localhost master: each agent is a
-    node), each in a process group of its own; one agent is ``--standalone``."""
+    node), each in a process group of its own; one agent is ``--standalone``. ``prefix``: a
+    command each agent runs under (``wandb-funnel run --``)."""
     port = free_port()
     procs = []
     for node in range(nnodes):
@@ -191,7 +193,7 @@ def torchrun_agents(
             cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port)]
         procs.append(
             subprocess.Popen(
-                [*cmd, *argv],
+                [*prefix, *cmd, *argv],
                 cwd=scripts.tmp_path,
                 env=scripts.env(extra_env),
                 stdout=subprocess.PIPE,

@@ -47,7 +47,7 @@ GATE: frozenset[str] = frozenset(
         "processes/test_ddp.py::test_rank_raising_fails_the_run",
         # the node tier (issue 38): two torchrun agents, 2 ranks each (10-15 s each): exact
         # reductions and status, a node logger SIGKILLed (flat side by side, the root
-        # logger killed: the full tier)
+        # logger killed, wandb-funnel run on each node: the full tier)
         "processes/test_nodes.py::test_two_nodes_one_run_exact_reductions_and_status",
         "processes/test_nodes.py::test_a_sigkilled_node_logger_loses_no_rank_s_record",
         # install() and wandb-funnel run: the wandb API against plain wandb (history, config,

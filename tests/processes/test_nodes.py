@@ -132,3 +132,28 @@ def test_the_root_logger_sigkilled_loses_no_rank_s_record_through_the_tier(
     assert run.summary["_funnel/records"] == 4 * steps
     assert run.summary["_funnel/dropped_records"] == 0
     assert run.summary["_funnel/nodes"] == 2
+
+
+def test_wandb_funnel_run_on_each_node_gives_one_run_through_the_node_tier(
+    scripts: Scripts,
+) -> None:
+    """An unmodified wandb script under ``wandb-funnel run`` on each of the two agents: the
+    first rank of node 1 to call ``wandb.init`` starts its node logger; one run, the mean of
+    the four ranks at every step, ``_funnel/nodes == 2``."""
+    import pathlib
+    import sys
+
+    cli = str(pathlib.Path(sys.executable).with_name("wandb-funnel"))
+    argv = [str(program("nodes_wandb"))]
+    results = torchrun_agents(scripts, argv, 2, 2, 150, prefix=(cli, "run", "--"))
+    for res in results:
+        assert res.returncode == 0, res.stderr[-4000:]
+    assert leftover_processes(scripts.mark) == []
+    run = only_run(scripts.wandb_dir)
+    assert [row["_step"] for row in run.history] == list(range(10))
+    for row in run.history:
+        step = row["_step"]
+        assert row["loss"] == math.fsum(float(r + step) for r in RANKS) / 4
+        assert [row[f"r{r}"] for r in RANKS] == [step] * 4
+    assert run.summary["_funnel/nodes"] == 2
+    assert run.summary["_funnel/ranks"] == 4
