@@ -17,7 +17,12 @@ from wandb_funnel.sinks.refs import BadMediaError
 
 @pytest.mark.parametrize(
     ("value", "kind", "directory"),
-    [(None, sinks.WANDB, None), ("null", sinks.NULL, None), ("record:/x/y", sinks.RECORD, "/x/y")],
+    [
+        (None, sinks.WANDB, None),
+        ("null", sinks.NULL, None),
+        ("null:0.001", sinks.NULL, "0.001"),
+        ("record:/x/y", sinks.RECORD, "/x/y"),
+    ],
 )
 def test_the_variable_picks_the_sink_and_only_wandbs_has_a_service(
     monkeypatch: pytest.MonkeyPatch, value: str | None, kind: str, directory: str | None
@@ -44,6 +49,18 @@ def test_open_sink_opens_the_chosen_sink_without_wandb(
     recording.finish(0)
 
 
+def test_a_slow_null_sink_takes_its_time_per_row_not_per_merge() -> None:
+    import time
+
+    sink = NullSink("n", row_seconds=0.05)
+    t0 = time.monotonic()
+    sink.log({"x": 1}, None, 0, False)
+    sink.log({"y": 1}, None, 0, True)  # merged into the open row: no new row, no wait
+    sink.log({"x": 2}, None, 1, True)
+    assert sink.saved_rows() == 2
+    assert time.monotonic() - t0 >= 0.1
+
+
 def test_the_null_sink_counts_media_as_logged_and_refuses_files(tmp_path: pathlib.Path) -> None:
     staging = MediaFiles(str(tmp_path), lambda message: None)
     sink = NullSink("n")
@@ -57,7 +74,9 @@ def test_the_null_sink_counts_media_as_logged_and_refuses_files(tmp_path: pathli
     assert staging.dropped_files == 1 and staging.files == 0
 
 
-@pytest.mark.parametrize("value", ["record", "record:", "wnadb", "Null"])
+@pytest.mark.parametrize(
+    "value", ["record", "record:", "wnadb", "Null", "null:", "null:-1", "null:x"]
+)
 def test_a_value_that_names_no_sink_is_refused_not_taken_for_wandb(
     monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:

@@ -156,19 +156,25 @@ def steps_after(segment: dict[str, Any], skip: int) -> tuple[int, list[Any], int
 
 
 def chosen() -> tuple[str, str | None]:
-    """The sink ``WANDB_FUNNEL_SINK`` names: (``WANDB``, None), (``NULL``, None) or
-    (``RECORD``, the directory)."""
+    """The sink ``WANDB_FUNNEL_SINK`` names: (``WANDB``, None), (``NULL``, None or the seconds
+    each row takes, ``null:0.001``) or (``RECORD``, the directory)."""
     value = os.environ.get(ENV_SINK, "")
     if value in ("", WANDB):
         return WANDB, None
     if value == NULL:
         return NULL, None
+    if value.startswith(f"{NULL}:"):  # null:SECONDS, a sink slow on purpose (tests of a close)
+        try:
+            if float(value[len(NULL) + 1 :]) >= 0:
+                return NULL, value[len(NULL) + 1 :]
+        except ValueError:
+            pass
     if value.startswith(SINK_RECORD_PREFIX) and value[len(SINK_RECORD_PREFIX) :]:
         return RECORD, value[len(SINK_RECORD_PREFIX) :]
     # A typo must not mean "wandb": a test meant to run without it would start wandb-core.
     raise ValueError(
-        f"{ENV_SINK}={value!r:.100}: expected {WANDB!r}, {NULL!r} or "
-        f"'{SINK_RECORD_PREFIX}DIRECTORY'"
+        f"{ENV_SINK}={value!r:.100}: expected {WANDB!r}, {NULL!r}, '{NULL}:SECONDS' (each "
+        f"row takes that long) or '{SINK_RECORD_PREFIX}DIRECTORY'"
     )
 
 
@@ -217,7 +223,7 @@ def open_sink(
         from wandb_funnel.sinks.null import NullSink
 
         say(f"{ENV_SINK}=null: rows are counted, not written (benchmarks only)")
-        return NullSink(init_kwargs["id"])
+        return NullSink(init_kwargs["id"], float(directory or 0))
     if kind == RECORD:  # testing.capture_run(): no wandb
         from wandb_funnel.sinks.recording import RecordingSink
 

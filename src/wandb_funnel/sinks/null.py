@@ -3,11 +3,13 @@
 For measuring the funnel alone (``benchmarks/``): workers, sockets, decoding, ordering and
 merging all run as usual, and the accounting still counts every row (media values as logged);
 only wandb is left out, so the figures show what the funnel can take in rather than what
-wandb can write.
+wandb can write. ``WANDB_FUNNEL_SINK=null:SECONDS``: each row takes that long (a sink slow on
+purpose, so that a test of a long close does not depend on how loaded the machine is).
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from wandb_funnel.sinks.refs import Absent, BadMediaError, Walk, materialize
@@ -25,8 +27,9 @@ class NullSink:
     stats_pid: int | None = None
     starting_step = 0
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, row_seconds: float = 0.0) -> None:
         self.run_id = run_id
+        self._row_seconds = row_seconds
         self._rows = 0
         self._open: tuple[int | None] | None = None  # an open row's step, as wandb's
 
@@ -42,6 +45,8 @@ class NullSink:
         open_row = self._open
         if open_row is None or (step is not None and step != open_row[0]):
             self._rows += 1  # a new history row (a merge into the open one is not)
+            if self._row_seconds:
+                time.sleep(self._row_seconds)
         self._open = None if commit else (step,)
         if staging is not None:
             materialize(row, staging, _count)
