@@ -56,6 +56,13 @@ def main() -> int:
     finally:
         sockets.close(1.0)
     _private_dir.remove(start.ipc_dir)
+    if relay.junk:  # never silently: a frame that was not [identity, frame] was dropped
+        print(
+            f"wandb-funnel node logger (node {start.node}): {relay.junk} malformed frames "
+            f"dropped ({relay.forwarded} forwarded)",
+            file=sys.stderr,
+            flush=True,
+        )
     return 0
 
 

@@ -26,7 +26,6 @@ import json
 import os
 import socket
 import time
-from typing import Any
 
 from wandb_funnel import _pid
 from wandb_funnel._protocol import codec
@@ -184,13 +183,3 @@ class NodeRelay:
         if any(_pid.pid_alive(pid) for pid in set(self.streams.values())):
             return now - self._leaving_since >= EXIT_LINGER
         return self._pending is None
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "node": self._node,
-            "pid": os.getpid(),
-            "streams": len(self.streams),
-            "forwarded": self.forwarded,
-            "stale": self.stale,
-            "junk": self.junk,
-        }
