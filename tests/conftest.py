@@ -204,9 +204,15 @@ def torchrun_agents(
         )
     t0 = time.monotonic()
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+            results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:  # a hang (TimeoutExpired) must not leave an agent and its ranks behind
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
     return results
 
 
