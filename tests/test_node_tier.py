@@ -112,17 +112,42 @@ def test_a_ranks_frames_reach_the_root_as_its_own_and_replies_come_back(tier: Ti
     assert set(streams) == {a_id.hex(), b_id.hex()}
 
 
-def test_the_node_logger_says_its_node_to_the_root(tier: Tier) -> None:
+def _node_word(tier: Tier) -> tuple[bytes, bytes]:
+    """The node logger says its word now: (the identity it reached the root with, the
+    frame). Frames of its ranks still on their way are passed over."""
     tier.relay._beat("live")
     deadline = time.monotonic() + 2
-    got: list[tuple[bytes, bytes]] = []
-    while not got and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
         tier.root.wait(0.1)
-        got = tier.root_frames()
-    ((identity, frame),) = got
+        for identity, frame in tier.root_frames():
+            if codec.peek_kind(frame) == NODE:
+                return identity, frame
+    raise AssertionError("the node logger's word did not reach the root")
+
+
+def test_the_node_logger_says_its_node_to_the_root(tier: Tier) -> None:
+    identity, frame = _node_word(tier)
     assert identity.startswith(NODE_PREFIX)  # the node logger's own, not a stream's
     assert codec.peek_kind(frame) == NODE
     assert codec.decode(frame, 1 << 10) == NodeHello(TOKEN, 1, tier.relay._host, os.getpid())
+
+
+def test_the_node_logger_tells_the_root_what_it_forwarded_and_dropped(tier: Tier) -> None:
+    """Its counts reach the root with its next word, and ``status``'s nodes show them."""
+    a, _ = tier.rank()
+    a.try_send(_hello())
+    for seq in range(3):
+        a.try_send(codec.encode_batch(seq, []))
+    tier.pump()
+    tier.relay.junk += 2  # (malformed frames: counted where the relay drops them)
+    route, frame = _node_word(tier)
+    hello = codec.decode(frame, 1 << 10)
+    assert isinstance(hello, NodeHello)
+    assert (hello.forwarded, hello.stale, hello.junk) == (4, 0, 2)
+    nodes = Nodes(0, Streams(first_auto_rank=1), {})
+    assert nodes.seen(route, hello, TOKEN)
+    (_, node) = nodes.snapshot(time.monotonic())
+    assert (node["forwarded"], node["stale"], node["junk"]) == (4, 0, 2)
 
 
 def test_a_successor_asks_its_predecessors_streams_to_say_hello_again(
@@ -201,6 +226,7 @@ def test_node_messages_refuse_malformed_input() -> None:
     for bad in (
         codec.encode_node_hello(NodeHello(TOKEN, -1, "h", 1)),
         codec.encode_node_hello(NodeHello(TOKEN, 1, "h", 1, "dancing")),
+        codec.encode_node_hello(NodeHello(TOKEN, 1, "h", 1, "live", -1)),
     ):
         with pytest.raises(codec.DecodeError):
             codec.decode(bad, 1 << 10)
@@ -221,8 +247,12 @@ def test_status_shows_each_node_with_its_logger_and_ranks() -> None:
         {"node": 0, "host": "a", "logger_pid": 10, "ranks": [0, 1], "state": "live"},
         {"node": 1, "host": "b", "logger_pid": 77, "ranks": [2, 3], "state": "gone"},
     ]
+    funnel["nodes"][1].update(restarts=1, forwarded=40, stale=3, junk=0)  # type: ignore[index]
     screen = _status.render([funnel])
-    assert "node 0 on a: logger pid 10, live, ranks [0, 1], restarts 0" in screen
-    assert "node 1 on b: logger pid 77, gone, ranks [2, 3], restarts 0" in screen
+    assert "node 0 on a: logger pid 10, live, ranks [0, 1], restarts 0, forwarded 0" in screen
+    assert (
+        "node 1 on b: logger pid 77, gone, ranks [2, 3], restarts 1, forwarded 40, stale 3, "
+        "junk 0" in screen
+    )
     funnel["nodes"] = None  # flat: no node lines
     assert "node " not in _status.render([funnel])

@@ -11,10 +11,11 @@ logger is gone, is left out.
 "host", "state", "last_step", "since_last_s", "records", "dropped", "steps_per_s"}]}]}``;
 ``attempt`` is ``{"job", "restart", "number"}`` for a run that is an attempt of a job
 torchrun restarts or SLURM requeues (``_attempts.py``), else null. ``nodes`` is
-``[{"node", "host", "logger_pid", "ranks", "state", "restarts"}]`` in the node tier (issue
-38: the root's node, whose logger is the funnel's, then each node logger's; ``state`` is
-``live``, ``ended`` or ``gone``), else null. These names are a contract: scripts depend on
-them.
+``[{"node", "host", "logger_pid", "ranks", "state", "restarts", "forwarded", "stale",
+"junk"}]`` in the node tier (issue 38: the root's node, whose logger is the funnel's, then
+each node logger's; ``state`` is ``live``, ``ended`` or ``gone``; the counts are the node
+logger's frames as of its last word, the second before), else null. These names are a
+contract: scripts depend on them.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ def render(found: list[dict[str, Any]]) -> str:
         for n in f.get("nodes") or []:
             lines.append(
                 f"  node {n['node']} on {n['host']}: logger pid {n['logger_pid']}, "
-                f"{n['state']}, ranks {n['ranks']}, restarts {n.get('restarts', 0)}"
+                f"{n['state']}, ranks {n['ranks']}, restarts {n.get('restarts', 0)}, "
+                f"forwarded {n.get('forwarded', 0)}, stale {n.get('stale', 0)}, "
+                f"junk {n.get('junk', 0)}"
             )
         lines.append(
             f"  {'rank':>5} {'pid':>8} {'host':<16} {'state':<9} {'step':>8} "

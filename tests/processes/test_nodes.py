@@ -87,6 +87,9 @@ def test_two_nodes_one_run_exact_reductions_and_status(scripts: Scripts) -> None
     assert isinstance(nodes[1]["logger_pid"], int) and nodes[1]["logger_pid"] > 0
     assert nodes[0]["logger_pid"] != nodes[1]["logger_pid"]
     assert nodes[0]["logger_pid"] != seen["tier_pid"]
+    # what node 1's node logger forwarded (its ranks' frames), and nothing malformed
+    (node1,) = [n for n in seen["status_nodes_end"] if n["node"] == 1]
+    assert node1["forwarded"] >= 2 and node1["stale"] == 0 and node1["junk"] == 0, node1
 
 
 def test_flat_tier_gives_the_same_user_values(scripts: Scripts) -> None:
@@ -115,6 +118,10 @@ def test_a_sigkilled_node_logger_loses_no_rank_s_record(scripts: Scripts) -> Non
     assert run.summary["_funnel/records"] == 4 * steps
     assert run.summary["_funnel/dropped_records"] == 0
     assert run.summary["_funnel/late_records"] == 0
+    # status: node 1's second node logger, what it forwarded, nothing malformed
+    (node1,) = [n for n in seen["status_nodes_end"] if n["node"] == 1]
+    assert node1["restarts"] == 1 and node1["logger_pid"] != killed, (node1, killed)
+    assert node1["forwarded"] >= 2 and node1["junk"] == 0, node1
 
 
 def test_the_root_logger_sigkilled_loses_no_rank_s_record_through_the_tier(

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import torch.distributed as dist
 from _prelude import report
@@ -45,10 +46,13 @@ def values(rank: int, step: int) -> dict[str, float | int]:
     }
 
 
-def status_nodes(run_id: str, want: int, timeout: float) -> list[dict[str, object]]:
-    """``wandb-funnel status --json``'s nodes of this run, once it lists ``want`` nodes."""
+def status_nodes(
+    run_id: str, want: int, timeout: float, node1: dict[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """``wandb-funnel status --json``'s nodes of this run, once it lists ``want`` nodes (and
+    node 1's fields are at least ``node1``'s)."""
     deadline = time.monotonic() + timeout
-    nodes: list[dict[str, object]] = []
+    nodes: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         out = subprocess.run(
             [sys.executable, "-m", "wandb_funnel", "status", "--json"],
@@ -60,8 +64,9 @@ def status_nodes(run_id: str, want: int, timeout: float) -> list[dict[str, objec
         for funnel in json.loads(out)["funnels"]:
             if funnel["run_id"] == run_id:
                 nodes = funnel["nodes"] or []
-        ranks = sorted(r for n in nodes for r in n["ranks"])  # type: ignore[attr-defined]
-        if len(nodes) == want and ranks == list(range(4)):
+        ranks = sorted(r for n in nodes for r in n["ranks"])
+        reached = all(n[k] >= v for n in nodes if n["node"] == 1 for k, v in (node1 or {}).items())
+        if len(nodes) == want and ranks == list(range(4)) and reached:
             return nodes
         time.sleep(0.3)
     return nodes
@@ -113,6 +118,10 @@ def main() -> None:
             report(killed_root_logger=pid)
         run.log({**values(rank, step), f"r{rank}": step}, step=step)
         time.sleep(args.delay)
+    if rank == 0 and args.tier != "flat":  # node 1's counts, once its ranks' hellos are in
+        restarted = int(args.behaviour == "kill-node-logger")  # (then its successor's)
+        node1 = {"forwarded": 2, "restarts": restarted}
+        report(status_nodes_end=status_nodes("base", 2, 30.0, node1))
     dist.barrier()
     run.finish()
     dist.destroy_process_group()

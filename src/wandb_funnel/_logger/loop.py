@@ -40,7 +40,7 @@ from wandb_funnel._outcomes import LoggerResult, Outcome
 from wandb_funnel._protocol.messages import LoggerStart, UpdateKind
 from wandb_funnel.sinks import Opening, Sink
 
-_EVENTS_PER_WAKE = 125  # events (up to 32,000 records) taken before released rows are written
+_EVENTS_PER_WAKE = 125  # events (batches of <= 256 records) taken before rows are written
 # Rows written per wake-up (about 0.2 s of wandb.log): the loop comes back often enough to
 # see a CLOSE, a signal or a dead owner even with a long backlog of rows.
 _ROWS_PER_WAKE = 1_000
@@ -216,20 +216,18 @@ class Logger:
         return more
 
     def _take_events(self, wait: float, limit: int) -> bool:
-        """Handle up to ``limit`` events (waiting ``wait`` for the first); True when none
+        """Handle about ``limit`` events (waiting ``wait`` for the first); True when none
         are left queued."""
         events = self._receiver.events
-        try:
-            event = events.get(timeout=wait) if wait > 0 else events.get_nowait()
-        except queue.Empty:
-            return True
-        for _ in range(limit):
-            self._handle(event)
+        taken = 0
+        while taken < limit:  # (a drain's list is taken whole: past limit by at most one)
             try:
-                event = events.get_nowait()
+                batch = events.get(0.0 if taken else wait)
             except queue.Empty:
                 return True
-        self._handle(event)
+            for event in batch:
+                self._handle(event)
+            taken += len(batch)
         return events.empty()
 
     def _handle(self, event: Event) -> None:
@@ -274,7 +272,7 @@ class Logger:
         self.journal.took(event.rank, event.end_seq)
         if records:
             self.monitor.batch(event.rank, top, len(records), now)
-        self._receiver.taken(len(event.records))
+        self._receiver.events.taken(len(event.records))
 
     def _ended(self, event: Ended) -> None:
         self._active.discard(event.rank)

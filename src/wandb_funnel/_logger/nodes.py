@@ -31,6 +31,7 @@ class _Node:
     last_seen: float
     state: str = "live"
     restarts: int = 0  # node loggers of this node that came after the first
+    counts: tuple[int, int, int] = (0, 0, 0)  # its logger's forwarded, stale, junk frames
 
 
 class Nodes:
@@ -61,6 +62,7 @@ class Nodes:
             self._by_route[route] = self._by_node[hello.node] = node
         node.last_seen = now
         node.state = hello.state
+        node.counts = (hello.forwarded, hello.stale, hello.junk)
         return True
 
     def count(self) -> int:
@@ -70,7 +72,9 @@ class Nodes:
     def snapshot(self, now: float) -> list[dict[str, Any]]:
         """``wandb-funnel status``'s ``nodes``: each node, its host, its logger's pid, its
         ranks and its state (``live``, ``ended``, or ``gone``: silent past
-        ``REMOTE_SILENCE``). Safe from another thread: it reads copies."""
+        ``REMOTE_SILENCE``), and what its node logger has forwarded, sent back as stale and
+        dropped as malformed, as of its last word (the root's own node forwards nothing).
+        Safe from another thread: it reads copies."""
         ranks: dict[int | None, set[int]] = {}
         by_route = dict(self._by_route)
         routes = dict(self._routes)
@@ -89,6 +93,9 @@ class Nodes:
                     "ranks": sorted(ranks.get(self.own, ())),
                     "state": "live",
                     "restarts": 0,
+                    "forwarded": 0,
+                    "stale": 0,
+                    "junk": 0,
                 }
             )
         for node in sorted(dict(self._by_node).values(), key=lambda n: n.node):
@@ -105,6 +112,9 @@ class Nodes:
                     "ranks": sorted(ranks.get(node.node, ())),
                     "state": state,
                     "restarts": node.restarts,
+                    "forwarded": node.counts[0],
+                    "stale": node.counts[1],
+                    "junk": node.counts[2],
                 }
             )
         return out

@@ -114,7 +114,16 @@ class NodeRelay:
                     return
 
     def _beat(self, state: str) -> None:
-        hello = NodeHello(self._token, self._node, self._host, os.getpid(), state)
+        hello = NodeHello(
+            self._token,
+            self._node,
+            self._host,
+            os.getpid(),
+            state,
+            self.forwarded,
+            self.stale,
+            self.junk,
+        )
         self._socks.send_up([codec.encode_node_hello(hello)])  # a full queue skips one beat
 
     def _from_root(self) -> None:

@@ -250,7 +250,7 @@ REHELLO_FRAME: Final[bytes] = msgpack.packb((PROTOCOL_VERSION, REHELLO))
 
 def encode_node_hello(hello: NodeHello) -> bytes:
     return msgpack.packb(  # type: ignore[no-any-return]
-        (PROTOCOL_VERSION, NODE, hello.token, hello.node, hello.host, hello.pid, hello.state)
+        (PROTOCOL_VERSION, NODE, *hello)
     )
 
 
@@ -419,11 +419,12 @@ def _rehello(body: list[Any]) -> Rehello:
 
 
 def _node_hello(body: list[Any]) -> NodeHello:
-    _want(len(body) == 5, "node hello needs 5 fields")
-    token, node, host, pid, state = body
+    _want(len(body) == 8, "node hello needs 8 fields")
+    token, node, host, pid, state, *counts = body
     _want(type(token) is str and type(host) is str and state in ("live", "ended"), "bad node")
     _want(_is_int(node) and 0 <= node <= MAX_STEP and _is_int(pid) and pid >= 0, "bad node")
-    return NodeHello(token, node, host, pid, state)
+    _want(all(_is_int(n) and n >= 0 for n in counts), "bad node counts")
+    return NodeHello(token, node, host, pid, state, *counts)
 
 
 def peek_kind(frame: bytes) -> int | None:

@@ -208,13 +208,18 @@ class Rehello(NamedTuple):
 class NodeHello(NamedTuple):
     """A node logger's word to the root logger, when it connects and every second after:
     which node it serves, from which host and process; ``state`` is ``"live"``, or
-    ``"ended"`` when it leaves (its ranks have finished)."""
+    ``"ended"`` when it leaves (its ranks have finished). Its counts so far: frames it
+    ``forwarded``, frames of a predecessor's streams it sent back for a hello (``stale``),
+    and malformed frames it dropped (``junk``)."""
 
     token: str
     node: int
     host: str
     pid: int
     state: str = "live"
+    forwarded: int = 0
+    stale: int = 0
+    junk: int = 0
 
 
 class Done(NamedTuple):
