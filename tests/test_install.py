@@ -34,7 +34,7 @@ class FakeStream:
         self.updates: list[Any] = []
         self.closed = False
 
-    def push(self, frame: bytes) -> None:
+    def push(self, frame: bytes, blobs: list[tuple[str, bytes]] | None = None) -> None:
         batch = codec.decode(codec.encode_batch(0, [frame]), 1 << 24)
         self.records += [data for _, _, data in batch.records]  # type: ignore[union-attr]
 

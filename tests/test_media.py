@@ -304,8 +304,30 @@ def test_the_logger_takes_chunks_only_for_plain_new_names(tmp_path: pathlib.Path
         assert not writer.write(Blob(name, 0, 1, b"x"))
     assert not writer.write(Blob("late.png", 5, 10, b"12345"))  # never begun
     assert writer.write(Blob("a.png", 0, 2, b"ab"))
-    assert not writer.write(Blob("a.png", 0, 2, b"cd"))  # exists: never overwritten
+    assert writer.write(Blob("a.png", 0, 2, b"cd"))  # a resend: taken, never written over
     assert (tmp_path / "a.png").read_bytes() == b"ab"
+    assert writer.resent == 1 and writer.files == 1
+
+
+def test_a_file_resent_after_a_restart_is_taken_once(tmp_path: pathlib.Path) -> None:
+    """A rank resends a file with its unsaved records to a logger (or node logger) that
+    restarted (issue 38): a complete file's chunks are all taken and skipped, never written
+    over; a ``.part`` a dead predecessor left is begun again and completed."""
+    from wandb_funnel._logger.blobs import BlobWriter
+    from wandb_funnel._protocol.messages import Blob
+
+    writer = BlobWriter(str(tmp_path))
+    chunks = [Blob("a.png", 0, 6, b"ab"), Blob("a.png", 2, 6, b"cd"), Blob("a.png", 4, 6, b"ef")]
+    assert all(writer.write(c) for c in chunks)
+    again = [c._replace(data=c.data.upper()) for c in chunks]  # (different bytes: to tell)
+    assert all(BlobWriter(str(tmp_path)).write(c) for c in again[:1])
+    assert all(writer.write(c) for c in again)
+    assert (tmp_path / "a.png").read_bytes() == b"abcdef" and writer.resent == 3
+    assert not writer.write(Blob("x.png", 2, 4, b"zz"))  # a later chunk, never begun
+    (tmp_path / "b.png.part").write_bytes(b"half of it")  # a dead logger's, half written
+    assert writer.write(Blob("b.png", 0, 2, b"ok"))
+    assert (tmp_path / "b.png").read_bytes() == b"ok" and writer.files == 2
+
     assert BlobWriter(None).write(Blob("b.png", 0, 1, b"b")) is False
 
 

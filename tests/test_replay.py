@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Hello, RecordBatch, Saved
+from wandb_funnel._protocol.messages import Blob, Hello, RecordBatch, Saved
 from wandb_funnel._worker.replay import ReplayBuffer
 
 MAX = 1 << 20
@@ -75,6 +75,38 @@ def test_past_the_bound_the_oldest_batches_are_forgotten_and_counted() -> None:
     one = ReplayBuffer(max_records=2, max_bytes=1 << 20)
     one.keep(0, 4, frame)  # a batch over the bound alone is not kept at all
     assert not one and one.forgotten == 4
+
+
+def _chunk(name: str) -> bytes:
+    return codec.encode_blob(Blob(name, 0, 3, b"png"))
+
+
+def test_a_files_chunks_are_resent_before_its_record_until_that_record_is_saved() -> None:
+    """Media bytes sent ahead of record 5 (a rank on another node) are held with it: resent
+    first after a restart, forgotten only once record 5 is saved, and they never move the
+    resume range, though the batch carrying record 5 begins below it (issue 38)."""
+    buffer = ReplayBuffer(1000, 1 << 20)
+    buffer.keep(0, 3, _batch(0, 3))
+    buffer.keep_blob(5, _chunk("a.png"))  # records 3 and 4 wait in the stream's buffer
+    buffer.keep(3, 3, _batch(3, 3))  # 3, 4 and 5: the batch carrying the file's record
+    assert buffer.records == 6 and len(buffer) == 3
+    kinds = [type(codec.decode(f, MAX)).__name__ for f in buffer.frames()]
+    assert kinds == ["RecordBatch", "Blob", "RecordBatch"]
+    assert buffer.saved(3)
+    assert buffer.resume(6) == (3, 6)  # from the batch, not the chunk's record
+    assert buffer.saved(5)  # record 5 not yet saved: its chunk stays
+    assert [type(codec.decode(f, MAX)).__name__ for f in buffer.frames()] == [
+        "Blob",
+        "RecordBatch",
+    ]
+    assert buffer.saved(6)
+    assert not buffer and buffer.bytes == 0 and buffer.records == 0
+    # the bound counts a chunk's bytes; a forgotten chunk forgets no record
+    small = ReplayBuffer(1000, len(_chunk("b.png")) + 1)
+    small.keep_blob(0, _chunk("b.png"))
+    small.keep_blob(0, _chunk("c.png"))
+    assert len(small) == 1 and small.forgotten == 0
+    assert codec.decode(small.frames()[0], MAX) == Blob("c.png", 0, 3, b"png")
 
 
 @given(

@@ -107,12 +107,9 @@ class _Records:
         self.frames: list[bytes] = []
         self.blobs: list[str] = []
 
-    def push(self, frame: bytes) -> None:
+    def push(self, frame: bytes, blobs: list[tuple[str, bytes]] | None = None) -> None:
+        self.blobs += [name for name, _ in blobs or ()]  # sent ahead of the record
         self.frames.append(frame)
-
-    def send_blob(self, name: str, data: bytes) -> bool:
-        self.blobs.append(name)
-        return True
 
     def records(self) -> list[dict[str, Any]]:
         batch = codec.decode(codec.encode_batch(0, self.frames), 1 << 24)

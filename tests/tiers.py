@@ -46,10 +46,12 @@ GATE: frozenset[str] = frozenset(
         "processes/test_ddp.py::test_mode_scope_matrix_on_two_nodes[new-worker-runs5]",
         "processes/test_ddp.py::test_rank_raising_fails_the_run",
         # the node tier (issue 38): two torchrun agents, 2 ranks each (10-15 s each): exact
-        # reductions and status, a node logger SIGKILLed (flat side by side, the root
+        # reductions and status, a node logger SIGKILLed (also with an image's bytes in it;
+        # flat side by side, the root
         # logger killed, wandb-funnel run on each node: the full tier)
         "processes/test_nodes.py::test_two_nodes_one_run_exact_reductions_and_status",
         "processes/test_nodes.py::test_a_sigkilled_node_logger_loses_no_rank_s_record",
+        "processes/test_nodes.py::test_an_image_in_flight_in_a_sigkilled_node_logger_reaches_the_run",
         # install() and wandb-funnel run: the wandb API against plain wandb (history, config,
         # summary, metric records), every kind of child, the command line, mp.spawn ranks
         "processes/test_installed.py::test_the_wandb_api_through_the_funnel_matches_plain_wandb",

@@ -124,6 +124,26 @@ def test_a_sigkilled_node_logger_loses_no_rank_s_record(scripts: Scripts) -> Non
     assert node1["forwarded"] >= 2 and node1["junk"] == 0, node1
 
 
+def test_an_image_in_flight_in_a_sigkilled_node_logger_reaches_the_run(scripts: Scripts) -> None:
+    """Node 1's node logger is stopped, a rank of node 1 logs an image (its bytes go ahead of
+    the record, to the stopped node logger), then the node logger is SIGKILLed: the bytes
+    died with it. The rank resends them with its unsaved records, so the image is in the
+    run, at its step, once; nothing is dropped (issue 38)."""
+    steps = 40
+    _, run, seen = _job(scripts, "node", "kill-node-logger-media", steps)
+    assert _user_rows(run, steps) == [_expected_row(step) for step in range(steps)]
+    at = [row["_step"] for row in run.history if "img._type" in row]
+    assert at == [steps // 2], at
+    (row,) = [row for row in run.history if "img._type" in row]
+    assert row["img._type"] == "image-file"
+    path = run.path.parent / "files" / row["img.path"]
+    assert path.is_file() and path.stat().st_size > 0, path
+    assert run.summary["_funnel/media"] == 1
+    assert run.summary["_funnel/dropped_media"] == 0
+    assert run.summary["_funnel/dropped_records"] == 0
+    assert seen["img_rank"] in (2, 3)
+
+
 def test_the_root_logger_sigkilled_loses_no_rank_s_record_through_the_tier(
     scripts: Scripts,
 ) -> None:

@@ -14,7 +14,11 @@ nodes with rank 2 and 3 on node 1 (bounded), and REPORTs what it saw. BEHAVIOUR:
   ranks 2 and 3 to reach ``wf.init``) SIGKILLs it at step ``S // 2`` and REPORTs its pid;
   every rank goes on;
 - ``kill-root-logger``: rank 0 SIGKILLs the root logger (the funnel's) at step ``S // 2``
-  and REPORTs its pid; every rank goes on.
+  and REPORTs its pid; every rank goes on;
+- ``kill-node-logger-media``: as ``kill-node-logger``, but that rank first SIGSTOPs the node
+  logger, logs an image (``img``, its bytes sent ahead of the record, to the stopped node
+  logger), waits, then SIGKILLs it: the image's bytes die with it, and reach the run only if
+  the rank resends them with the record.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch.distributed as dist
 from _prelude import report
 
@@ -93,7 +98,8 @@ def node_logger_pid() -> int | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("tier", choices=["node", "flat", "auto"])
-    parser.add_argument("behaviour", choices=["plain", "kill-node-logger", "kill-root-logger"])
+    behaviours = ["plain", "kill-node-logger", "kill-root-logger", "kill-node-logger-media"]
+    parser.add_argument("behaviour", choices=behaviours)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--delay", type=float, default=0.02)
     args = parser.parse_args()
@@ -107,10 +113,17 @@ def main() -> None:
         report(status_nodes=nodes, tier_pid=os.getpid())
     dist.barrier()
     for step in range(args.steps):
-        kill_node = args.behaviour == "kill-node-logger" and rank in (2, 3)
+        kill_node = args.behaviour.startswith("kill-node-logger") and rank in (2, 3)
+        extra: dict[str, object] = {}
         if kill_node and step == args.steps // 2 and (pid := node_logger_pid()) is not None:
+            if args.behaviour == "kill-node-logger-media":
+                os.kill(pid, signal.SIGSTOP)
+                pixels = np.full((8, 8, 3), rank * 40, dtype=np.uint8)
+                run.log({"img": wf.Image(pixels)}, step=step, commit=False)
+                extra = {"img_rank": rank}
+                time.sleep(0.3)  # the bytes leave this process, for the stopped one
             os.kill(pid, signal.SIGKILL)
-            report(killed_node_logger=pid)
+            report(killed_node_logger=pid, **extra)
         if args.behaviour == "kill-root-logger" and rank == 0 and step == args.steps // 2:
             pid = run._info.logger_pid
             assert pid is not None

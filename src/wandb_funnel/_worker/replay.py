@@ -1,4 +1,5 @@
-"""A rank's replay buffer: the batches it sent that the logger has not yet said are saved.
+"""A rank's replay buffer: the batches it sent that the logger has not yet said are saved,
+and the media bytes sent ahead of their records (a rank on another node: BLOB frames).
 
 Pure: no socket, no thread, no clock. ``Stream`` keeps each batch here once it has left
 (``keep``), trims on the logger's ``Saved`` (``saved``), and after a logger restart says hello
@@ -6,6 +7,11 @@ with ``resume(...)`` and resends ``frames()`` (the new logger skips what the run
 docs/DESIGN.md, "Restarts"). Bounded: past ``max_records`` or ``max_bytes`` the oldest batches
 are forgotten, never waited for; a restart then counts them as dropped (``forgotten`` says how
 many records that was). The caller holds its own lock around every call.
+
+A BLOB chunk is held as an entry of 0 records at the number of the record that names it,
+``(seq, 0, frame)``: it goes (and is resent) before the batch that carries that record, and is
+forgotten once that record is saved. Without it, a file in flight in a logger (or a node
+logger) that died was missing when its record was resent (issue 38).
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from collections import deque
 
 
 class ReplayBuffer:
-    """Sent batches, oldest first, as ``(first_seq, records, frame)``, until saved."""
+    """Sent batches, oldest first, as ``(first_seq, records, frame)``, until saved; and
+    BLOB chunks, as ``(seq of the record naming the file, 0, frame)``."""
 
     __slots__ = (
         "_batches",
@@ -48,10 +55,22 @@ class ReplayBuffer:
         a logger's death. Past the bound, the oldest batches are forgotten."""
         if not count:
             return
-        batches = self._batches
-        batches.append((first, count, frame))
+        self._batches.append((first, count, frame))
         self.records += count
         self.bytes += len(frame)
+        if self.records > self.max_records or self.bytes > self.max_bytes:
+            self._trim()
+
+    def keep_blob(self, seq: int, frame: bytes) -> None:
+        """Hold a BLOB chunk sent ahead of record ``seq`` until that record is saved (within
+        the same bound: a chunk forgotten is a file missing at a new logger, counted there)."""
+        self._batches.append((seq, 0, frame))
+        self.bytes += len(frame)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Past the bound: forget the oldest entries."""
+        batches = self._batches
         while batches and (self.records > self.max_records or self.bytes > self.max_bytes):
             _, old_count, old_frame = batches.popleft()
             self.records -= old_count
@@ -59,14 +78,18 @@ class ReplayBuffer:
             self.forgotten += old_count
 
     def saved(self, seq: int) -> bool:
-        """The logger saved every record below ``seq``: forget the batches wholly below it.
-        False for a point at or below one already known (said late, or again)."""
+        """The logger saved every record below ``seq``: forget the batches wholly below it,
+        and the chunks of the records below it. False for a point at or below one already
+        known (said late, or again)."""
         if seq <= self.saved_below:
             return False
         self.saved_below = seq
         batches = self._batches
-        while batches and batches[0][0] + batches[0][1] <= seq:
-            _, count, frame = batches.popleft()
+        while batches:
+            first, count, frame = batches[0]
+            if (first + count > seq) if count else (first >= seq):
+                break
+            batches.popleft()
             self.records -= count
             self.bytes -= len(frame)
         return True
@@ -75,13 +98,16 @@ class ReplayBuffer:
         """The range a hello to a new logger resends, ``(first, until)``: from the oldest
         batch held (or ``next_seq``, nothing held), or the batch in flight if older, up to
         ``next_seq`` (the first number not yet given to a record)."""
-        first = self._batches[0][0] if self._batches else next_seq
+        # (A chunk may come before a batch numbered below it: the batch that carries its
+        # record began before the chunk was sent.)
+        first = next((f for f, count, _ in self._batches if count), next_seq)
         if inflight_first is not None:
             first = min(first, inflight_first)
         return first, next_seq
 
     def frames(self) -> list[bytes]:
-        """The frames to resend after a restart, oldest first."""
+        """The frames to resend after a restart, oldest first (each chunk before the batch
+        that carries its record)."""
         return [frame for _, _, frame in self._batches]
 
     def unsaved(self, next_seq: int) -> int:

@@ -121,10 +121,9 @@ class Run(RunInfo, RunFiles):
         except BaseException:
             records.rollback()
             raise
-        if records.pending is not None:
-            self._send_blobs(records, stream)
+        blobs = self._blobs(records) if records.pending is not None else None
         self._step = after
-        stream.push(frame)
+        stream.push(frame, blobs)
 
     def _attach(self, timeout: float) -> bool:
         """Connect now and wait (bounded) for the logger's welcome; True once welcomed."""

@@ -15,9 +15,6 @@ from wandb_funnel._worker import files, media
 from wandb_funnel._worker.run_updates import RunUpdates
 from wandb_funnel.errors import FunnelWarning
 
-if TYPE_CHECKING:
-    from wandb_funnel._worker.stream import Stream
-
 
 class RunFiles(RunUpdates):
     """Media, artifacts and saved files of ``wf.Run`` (a base of it; ``Run`` holds the state)."""
@@ -40,14 +37,13 @@ class RunFiles(RunUpdates):
             )
         return stager
 
-    def _send_blobs(self, records: media.RecordPacker, stream: Stream) -> None:
-        """From another node, the files' bytes of a record just packed are sent now, once the
-        record is good, ahead of it: a file that does not fit the queue is then missing at
-        the logger (counted)."""
+    @staticmethod
+    def _blobs(records: media.RecordPacker) -> list[tuple[str, bytes]] | None:
+        """From another node, the files' bytes of a record just packed, sent with it once the
+        record is good (``Stream.push``), ahead of it: a file that does not fit the queue is
+        then missing at the logger (counted)."""
         enc = records.take()
-        if enc is not None:
-            for name, blob in enc.blobs:
-                stream.send_blob(name, blob)
+        return enc.blobs if enc is not None else None
 
     def log_artifact(
         self,
