@@ -324,6 +324,9 @@ def test_a_file_resent_after_a_restart_is_taken_once(tmp_path: pathlib.Path) -> 
     assert all(writer.write(c) for c in again)
     assert (tmp_path / "a.png").read_bytes() == b"abcdef" and writer.resent == 3
     assert not writer.write(Blob("x.png", 2, 4, b"zz"))  # a later chunk, never begun
+    assert writer.write(Blob("h.png", 0, 6, b"ab"))
+    assert not writer.write(Blob("h.png", 4, 6, b"ef"))  # not where the last one ended
+    assert not (tmp_path / "h.png").exists()
     (tmp_path / "b.png.part").write_bytes(b"half of it")  # a dead logger's, half written
     assert writer.write(Blob("b.png", 0, 2, b"ok"))
     assert (tmp_path / "b.png").read_bytes() == b"ok" and writer.files == 2

@@ -87,7 +87,7 @@ def test_a_files_chunks_are_resent_before_its_record_until_that_record_is_saved(
     resume range, though the batch carrying record 5 begins below it (issue 38)."""
     buffer = ReplayBuffer(1000, 1 << 20)
     buffer.keep(0, 3, _batch(0, 3))
-    buffer.keep_blob(5, _chunk("a.png"))  # records 3 and 4 wait in the stream's buffer
+    assert buffer.keep_blob(5, [_chunk("a.png")])  # records 3 and 4 wait in the buffer
     buffer.keep(3, 3, _batch(3, 3))  # 3, 4 and 5: the batch carrying the file's record
     assert buffer.records == 6 and len(buffer) == 3
     kinds = [type(codec.decode(f, MAX)).__name__ for f in buffer.frames()]
@@ -100,13 +100,17 @@ def test_a_files_chunks_are_resent_before_its_record_until_that_record_is_saved(
         "RecordBatch",
     ]
     assert buffer.saved(6)
-    assert not buffer and buffer.bytes == 0 and buffer.records == 0
-    # the bound counts a chunk's bytes; a forgotten chunk forgets no record
-    small = ReplayBuffer(1000, len(_chunk("b.png")) + 1)
-    small.keep_blob(0, _chunk("b.png"))
-    small.keep_blob(0, _chunk("c.png"))
-    assert len(small) == 1 and small.forgotten == 0
-    assert codec.decode(small.frames()[0], MAX) == Blob("c.png", 0, 3, b"png")
+    assert not buffer and buffer.bytes == buffer.blob_bytes == buffer.records == 0
+    # chunks have a budget of their own, all of a file or none; they push out no record
+    chunk = _chunk("b.png")
+    small = ReplayBuffer(1000, 2 * len(chunk))
+    small.keep(0, 1, b"x" * 10)
+    assert small.keep_blob(1, [chunk, chunk])
+    assert not small.keep_blob(2, [chunk])  # over the budget: not held at all
+    assert small.records == 1 and small.forgotten == 0 and len(small) == 3
+    # a batch dropped (not sent) forgets its records' chunks
+    small.forget_blobs(1, 2)
+    assert len(small) == 1 and small.blob_bytes == 0 and small.records == 1
 
 
 @given(
@@ -114,6 +118,7 @@ def test_a_files_chunks_are_resent_before_its_record_until_that_record_is_saved(
         st.one_of(
             st.tuples(st.just("keep"), st.integers(0, 40)),
             st.tuples(st.just("saved"), st.integers(0, 400)),
+            st.tuples(st.just("blob"), st.integers(1, 3)),
         ),
         max_size=60,
     ),
@@ -123,9 +128,9 @@ def test_a_files_chunks_are_resent_before_its_record_until_that_record_is_saved(
 def test_the_counts_match_what_is_held(
     ops: list[tuple[str, int]], max_records: int, max_frames: int
 ) -> None:
-    """Whatever the order of keeps and saves: the counts are what is held, held batches are
-    consecutive and unsaved, within the bound, and every record kept is held, saved or
-    forgotten."""
+    """Whatever the order of keeps, saves and chunks: the counts are what is held, held batches
+    are consecutive and unsaved, within the bound, every record kept is held, saved or
+    forgotten, and a chunk is held while its record is not saved."""
     frame_size = 10
     buffer = ReplayBuffer(max_records, max_frames * frame_size)
     seq = 0
@@ -133,16 +138,27 @@ def test_the_counts_match_what_is_held(
         if op == "keep":
             buffer.keep(seq, n, b"x" * frame_size)
             seq += n
+        elif op == "blob":  # n chunks of the next record, which the next batch carries
+            buffer.keep_blob(seq, [b"c" * frame_size] * n)
         else:
             buffer.saved(min(n, seq))
-    batches = list(buffer._batches)
+    entries = list(buffer._batches)
+    budget = max_frames * frame_size
+    assert buffer.bytes == sum(len(frame) for _, count, frame in entries if count) <= budget
+    assert buffer.blob_bytes == sum(len(f) for _, count, f in entries if not count) <= budget
+    assert all(first >= buffer.saved_below for first, count, _ in entries if not count)
+    assert [f for f, count, _ in entries if not count] == sorted(
+        f for f, count, _ in entries if not count
+    )
+    batches = [entry for entry in entries if entry[1]]
     assert buffer.records == sum(count for _, count, _ in batches) <= max_records
-    assert buffer.bytes == sum(len(frame) for _, _, frame in batches) <= max_frames * frame_size
     for (first, count, _), (after, _, _) in itertools.pairwise(batches):
         assert first + count == after  # consecutive: a resend leaves no hole of its own
     assert all(first + count > buffer.saved_below for first, count, _ in batches)
     assert not batches or batches[-1][0] + batches[-1][1] == seq
-    if batches:
+    if not batches:
+        assert buffer.resume(seq) == (seq, seq)
+    else:
         held_from = batches[0][0]
         # Below what is held: saved, or forgotten (some of them both: saved after forgotten).
         assert held_from <= buffer.saved_below + buffer.forgotten

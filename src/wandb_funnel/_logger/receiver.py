@@ -173,6 +173,8 @@ class Receiver(threading.Thread):
             # it the run would wait for a CLOSE that this thread can no longer take in.
             self.close_requests.ask(EXIT_OWNER_LOST, None, f"receiver failed: {type(exc).__name__}")
             log_to_stderr(f"receiver failed: {exc!r}")
+        finally:
+            self.events.flush()  # what it took is received (counted): the writer gets it
 
     def _serve(self) -> None:
         next_check = 0.0
@@ -196,8 +198,13 @@ class Receiver(threading.Thread):
                 self.drops.report()
             self.events.flush()
             self._send_saved()
-        self._drain(1_000_000)  # what is already queued, bounded by HWMs
-        self.events.flush()
+        # What is already queued (bounded by HWMs), handed over as it is taken: the writer
+        # stops waiting for this thread after a while, and takes what was handed by then.
+        for _ in range(5_000):
+            drained = self._drain(200)
+            self.events.flush()
+            if drained:
+                break
         self.drops.report()
 
     def _drain(self, limit: int) -> bool:

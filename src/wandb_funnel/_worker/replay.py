@@ -11,7 +11,9 @@ many records that was). The caller holds its own lock around every call.
 A BLOB chunk is held as an entry of 0 records at the number of the record that names it,
 ``(seq, 0, frame)``: it goes (and is resent) before the batch that carries that record, and is
 forgotten once that record is saved. Without it, a file in flight in a logger (or a node
-logger) that died was missing when its record was resent (issue 38).
+logger) that died was missing when its record was resent (issue 38). A file's chunks are
+kept all or none, in a byte budget of their own (``max_bytes`` again): media never push
+records out, and a file is never resent in part.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class ReplayBuffer:
 
     __slots__ = (
         "_batches",
+        "blob_bytes",
         "bytes",
         "forgotten",
         "max_bytes",
@@ -36,7 +39,8 @@ class ReplayBuffer:
     def __init__(self, max_records: int, max_bytes: int) -> None:
         self._batches: deque[tuple[int, int, bytes]] = deque()
         self.records = 0  # records held
-        self.bytes = 0  # frame bytes held
+        self.bytes = 0  # frame bytes held (of batches)
+        self.blob_bytes = 0  # BLOB chunk bytes held
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.saved_below = 0  # the logger saved every record numbered below this
@@ -61,21 +65,40 @@ class ReplayBuffer:
         if self.records > self.max_records or self.bytes > self.max_bytes:
             self._trim()
 
-    def keep_blob(self, seq: int, frame: bytes) -> None:
-        """Hold a BLOB chunk sent ahead of record ``seq`` until that record is saved (within
-        the same bound: a chunk forgotten is a file missing at a new logger, counted there)."""
-        self._batches.append((seq, 0, frame))
-        self.bytes += len(frame)
-        self._trim()
+    def keep_blob(self, seq: int, frames: list[bytes]) -> bool:
+        """Hold one file's BLOB chunks, sent ahead of record ``seq``, until that record is
+        saved; False (none held) when they do not fit the budget: the file is then missing at
+        a new logger, and counted there."""
+        size = sum(map(len, frames))
+        if self.blob_bytes + size > self.max_bytes:
+            return False
+        self._batches.extend((seq, 0, frame) for frame in frames)
+        self.blob_bytes += size
+        return True
+
+    def forget_blobs(self, first: int, until: int) -> None:
+        """The records numbered ``first`` to ``until`` were dropped, not sent: their files'
+        chunks are not held for them."""
+        kept = [e for e in self._batches if e[1] or not first <= e[0] < until]
+        if len(kept) != len(self._batches):
+            self._batches = deque(kept)
+            self.blob_bytes = sum(len(f) for _, count, f in kept if not count)
 
     def _trim(self) -> None:
-        """Past the bound: forget the oldest entries."""
+        """Past the bound: forget the oldest entries (a chunk ahead of a forgotten batch with
+        it: the loop stops only after a batch, so a file's chunks go all or none)."""
         batches = self._batches
         while batches and (self.records > self.max_records or self.bytes > self.max_bytes):
             _, old_count, old_frame = batches.popleft()
-            self.records -= old_count
-            self.bytes -= len(old_frame)
+            self._forget_entry(old_count, old_frame)
             self.forgotten += old_count
+
+    def _forget_entry(self, count: int, frame: bytes) -> None:
+        if count:
+            self.records -= count
+            self.bytes -= len(frame)
+        else:
+            self.blob_bytes -= len(frame)
 
     def saved(self, seq: int) -> bool:
         """The logger saved every record below ``seq``: forget the batches wholly below it,
@@ -90,8 +113,7 @@ class ReplayBuffer:
             if (first + count > seq) if count else (first >= seq):
                 break
             batches.popleft()
-            self.records -= count
-            self.bytes -= len(frame)
+            self._forget_entry(count, frame)
         return True
 
     def resume(self, next_seq: int, inflight_first: int | None = None) -> tuple[int, int]:

@@ -148,6 +148,7 @@ class Stream(StreamEnd):
                 self._replay.keep(parked[2], parked[1], parked[0])
             else:
                 self.dropped += parked[1]
+                self._replay.forget_blobs(parked[2], parked[2] + parked[1])
                 if not self._warned_drop:
                     self._warned_drop = True
                     _warn(
@@ -162,13 +163,14 @@ class Stream(StreamEnd):
         keep them until that record is saved (lock held; the record is pushed next, so it is
         numbered ``produced``). Never waits: False as soon as a chunk finds the queue full
         (the media is then missing at the logger, counted there)."""
-        seq = self.produced
-        for offset in range(0, max(len(data), 1), BATCH_BYTES):
-            chunk = data[offset : offset + BATCH_BYTES]
-            frame = codec.encode_blob(Blob(name, offset, len(data), chunk))
+        frames = [
+            codec.encode_blob(Blob(name, offset, len(data), data[offset : offset + BATCH_BYTES]))
+            for offset in range(0, max(len(data), 1), BATCH_BYTES)
+        ]
+        for frame in frames:
             if not self._sock.try_send(frame):
-                return False
-            self._replay.keep_blob(seq, frame)
+                return False  # (a part sent is never taken for the file: kept as .part)
+        self._replay.keep_blob(self.produced, frames)
         self._last_sent = time.monotonic()
         return True
 
