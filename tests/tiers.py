@@ -126,6 +126,7 @@ GATE: frozenset[str] = frozenset(
         "processes/test_pool.py::test_pool_workers_log_every_step",
         "processes/test_pool.py::test_fork_child_never_reuses_parent_socket",
         "processes/test_pool.py::test_socket_dir_is_private",
+        "processes/test_pool.py::test_the_demo_leaves_no_temporary_directory",
         "processes/test_security.py::test_another_user_cannot_reach_the_ipc_socket",
         # merging and reducing across ranks, late records, config and summary, bad input
         "processes/test_semantics.py::test_auto_mode_reduces_like_all_gather",

@@ -18,4 +18,5 @@ the loop, which may be slowed down by wandb. Each part owns its state:
 - ``closing`` and ``close_request``: the close's causes, budget and watchdog.
 - ``media``, ``blobs``, ``console``: staged files, media bytes from other nodes, console lines.
 - ``say``: the logger's one voice on the terminal, and its drop reports.
+- ``leave``: the process's exit, its temporary directories removed first.
 """

@@ -3,14 +3,10 @@ imports this module without running the package's ``__init__``; ``python -m
 wandb_funnel._logger`` works too, loading the public API for nothing). Its exit code is the
 code the run was finished with."""
 
-import os
-import sys
-
+from wandb_funnel._logger.leave import leave
 from wandb_funnel._logger.main import main
 
 code = main()
 # Exit without waiting on anything the wandb SDK left running: the run is finished, and a
 # thread of wandb's must not hold the exit (the owner is waiting, bounded, for this process).
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code if 0 <= code <= 255 else 1)  # a run's code may be any int; a process's is a byte
+leave(code)

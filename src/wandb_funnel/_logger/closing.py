@@ -28,6 +28,7 @@ from wandb_funnel._constants import (
     LOGGER_TICK,
 )
 from wandb_funnel._deadline import Deadline
+from wandb_funnel._logger.leave import leave
 from wandb_funnel._logger.say import log_to_stderr
 from wandb_funnel._outcomes import LoggerExit
 
@@ -213,7 +214,7 @@ def give_up(
         # gone, nobody else will.
         if os.getppid() != owner_pid:
             _private_dir.remove(directory)
-        os._exit(LoggerExit.GAVE_UP)
+        leave(LoggerExit.GAVE_UP)
 
 
 def what_is_safe(

@@ -21,6 +21,7 @@ from wandb_funnel import _private_dir
 from wandb_funnel._constants import BATCH_BYTES, ENV_WARM
 from wandb_funnel._logger import continuity
 from wandb_funnel._logger.continuity import Continuation
+from wandb_funnel._logger.leave import leave
 from wandb_funnel._logger.loop import Logger
 from wandb_funnel._logger.receiver import Receiver
 from wandb_funnel._logger.runs import SinkLostError
@@ -165,13 +166,13 @@ def _serve(start: LoggerStart, started: _Started) -> int:
             try:
                 logger.open_run(started.opening)
             except SinkLostError:
-                os._exit(LoggerExit.RESTART)  # as below: the owner starts the next logger
+                leave(LoggerExit.RESTART)  # as below: the owner starts the next logger
         result = logger.serve()
         if result.outcome is Outcome.RESTART:
             # wandb-core is gone: nothing more to finish here. Out at once (wandb's exit
             # hook would wait on the dead core; the receiver thread still owns the socket);
             # the owner starts the next logger.
-            os._exit(result.process_code)
+            leave(result.process_code)
         # wandb-core is this process's own: it writes the end of the run's transaction
         # log when shut down, not when it finds its parent gone (a forced shutdown).
         shut_down_own_service(logger.teardown_budget(), result.exit_code)
