@@ -187,6 +187,7 @@ class Receiver(threading.Thread):
                 caught_up = self._drain(200)
             else:
                 caught_up = True
+            self.events.flush()  # before it says caught up: what it took is the writer's
             if caught_up:
                 self._caught_up_at = time.monotonic()
             now = time.monotonic()
@@ -196,7 +197,7 @@ class Receiver(threading.Thread):
             if now >= next_report:
                 next_report = now + _DROP_REPORT_PERIOD
                 self.drops.report()
-            self.events.flush()
+            self.events.flush()  # (what liveness found: ranks gone)
             self._send_saved()
         # What is already queued (bounded by HWMs), handed over as it is taken: the writer
         # stops waiting for this thread after a while, and takes what was handed by then.
