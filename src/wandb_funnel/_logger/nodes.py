@@ -31,7 +31,10 @@ class _Node:
     last_seen: float
     state: str = "live"
     restarts: int = 0  # node loggers of this node that came after the first
-    counts: tuple[int, int, int] = (0, 0, 0)  # its logger's forwarded, stale, junk frames
+    counts: tuple[int, int, int] = (0, 0, 0)  # its logger's frames, as named in COUNTS
+
+
+COUNTS = ("forwarded", "stale", "junk")  # a node logger's counts, as status names them
 
 
 class Nodes:
@@ -93,9 +96,7 @@ class Nodes:
                     "ranks": sorted(ranks.get(self.own, ())),
                     "state": "live",
                     "restarts": 0,
-                    "forwarded": 0,
-                    "stale": 0,
-                    "junk": 0,
+                    **dict.fromkeys(COUNTS, 0),
                 }
             )
         for node in sorted(dict(self._by_node).values(), key=lambda n: n.node):
@@ -112,9 +113,7 @@ class Nodes:
                     "ranks": sorted(ranks.get(node.node, ())),
                     "state": state,
                     "restarts": node.restarts,
-                    "forwarded": node.counts[0],
-                    "stale": node.counts[1],
-                    "junk": node.counts[2],
+                    **dict(zip(COUNTS, node.counts, strict=True)),
                 }
             )
         return out
