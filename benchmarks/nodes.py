@@ -73,7 +73,7 @@ def _producer(
 ) -> None:
     import zmq
 
-    from wandb_funnel._protocol import codec
+    from wandb_funnel._protocol import codec, node_wire
     from wandb_funnel._protocol.messages import Goodbye, Hello, NodeHello
     from wandb_funnel._protocol.sockets import NODE_PREFIX, STREAM_PREFIX
 
@@ -111,7 +111,7 @@ def _producer(
 
     def beat() -> None:
         for up, node in node_socks:
-            up.send(codec.encode_node_hello(NodeHello(token, node, f"sim-{node}", pid)))
+            up.send(node_wire.encode_node_hello(NodeHello(token, node, f"sim-{node}", pid)))
 
     def drain() -> None:
         for s in socks:

@@ -32,6 +32,8 @@ from wandb_funnel._protocol.messages import (
 
 MAX = 1 << 26
 
+V = PROTOCOL_VERSION  # the version the junk frames below are written in
+
 
 def _batch(records: list[tuple[int, bool, dict[str, Any]]], first_seq: int = 0) -> RecordBatch:
     packed = [codec.encode_record(s, c, d, MAX) for s, c, d in records]
@@ -163,15 +165,15 @@ def test_packer_recovers_after_a_failure() -> None:
         b"",
         b"\xc1",
         msgpack.packb([99, 2, 0, 0]),  # wrong protocol version
-        msgpack.packb([1, 2, 0, 5]),  # declares 5 records, has none
-        msgpack.packb([1, 2, 0, 2**40]),  # huge declared count
-        msgpack.packb([1, 2, 0, 1]) + msgpack.packb(["x", True, {}]),  # wrong type of step
-        msgpack.packb([1, 2, 0, 1]) + msgpack.packb([1, True, {1: 2}]),  # int key
-        msgpack.packb([1, 1, "tok", "pid", "h", None, None, None]),  # wrong field type
-        msgpack.packb([1, 1, "tok", 7, "h", None, None]),  # a hello of the old shape
-        msgpack.packb([1, 77]),  # unknown kind
+        msgpack.packb([V, 2, 0, 5]),  # declares 5 records, has none
+        msgpack.packb([V, 2, 0, 2**40]),  # huge declared count
+        msgpack.packb([V, 2, 0, 1]) + msgpack.packb(["x", True, {}]),  # wrong type of step
+        msgpack.packb([V, 2, 0, 1]) + msgpack.packb([1, True, {1: 2}]),  # int key
+        msgpack.packb([V, 1, "tok", "pid", "h", None, None, None]),  # wrong field type
+        msgpack.packb([V, 1, "tok", 7, "h", None, None]),  # a hello of the old shape
+        msgpack.packb([V, 77]),  # unknown kind
         msgpack.packb({"a": 1}),  # header not a list
-        msgpack.packb([1, 5, 3, "x"]) + b"\x00",  # trailing bytes
+        msgpack.packb([V, 5, 3, "x"]) + b"\x00",  # trailing bytes
         b"\xdb\xff\xff\xff\xff",  # str32 declaring 4 GiB
     ],
 )
@@ -198,12 +200,14 @@ def test_every_message_kind_has_one_decoder_and_an_unknown_kind_is_named() -> No
         "SAVED",
         "REHELLO",
         "NODE",
+        "FOLDED",
+        "NODE_PLAN",
     ]
     kinds = [getattr(messages, name) for name in names] + list(UpdateKind)
     assert len(set(kinds)) == len(kinds)  # no two kinds share a number
     assert {*codec._DECODERS, messages.RECORDS} == set(kinds)
     with pytest.raises(codec.DecodeError, match="unknown message kind 77"):
-        codec.decode(msgpack.packb([1, 77]), MAX)
+        codec.decode(msgpack.packb([messages.PROTOCOL_VERSION, 77]), MAX)
 
 
 def test_frame_over_limit_is_junk() -> None:

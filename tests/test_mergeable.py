@@ -1,4 +1,4 @@
-"""``_logger/mergeable.py``: a key's values pre-reduced per node and merged at the root give
+"""``_protocol/mergeable.py``: a key's values pre-reduced per node and merged at the root give
 the very value the flat funnel's ``reduce.py`` gives for all of them at once (issue 38,
 item 2), for every numeric reducer, whatever the split of ranks into nodes (interleaved
 too), the order the nodes merge in, and the values (NaN, infinities, -0.0, ints and floats
@@ -12,8 +12,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wandb_funnel._logger.mergeable import KeyState
 from wandb_funnel._logger.reduce import _reduce, spread
+from wandb_funnel._protocol.mergeable import KeyState
 
 REDUCERS = ("mean", "sum", "min", "max", "first")
 

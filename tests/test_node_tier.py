@@ -16,7 +16,7 @@ from wandb_funnel import _private_dir
 from wandb_funnel._logger.nodes import Nodes
 from wandb_funnel._logger.streams import Streams
 from wandb_funnel._node.relay import STREAMS_FILE, NodeRelay
-from wandb_funnel._protocol import codec
+from wandb_funnel._protocol import codec, node_wire
 from wandb_funnel._protocol.messages import NODE, Hello, NodeHello, NodeStart, Rehello
 from wandb_funnel._protocol.sockets import (
     NODE_PREFIX,
@@ -224,9 +224,9 @@ def test_a_node_loggers_directory_is_never_taken_for_the_loggers() -> None:
 
 def test_node_messages_refuse_malformed_input() -> None:
     for bad in (
-        codec.encode_node_hello(NodeHello(TOKEN, -1, "h", 1)),
-        codec.encode_node_hello(NodeHello(TOKEN, 1, "h", 1, "dancing")),
-        codec.encode_node_hello(NodeHello(TOKEN, 1, "h", 1, "live", -1)),
+        node_wire.encode_node_hello(NodeHello(TOKEN, -1, "h", 1)),
+        node_wire.encode_node_hello(NodeHello(TOKEN, 1, "h", 1, "dancing")),
+        node_wire.encode_node_hello(NodeHello(TOKEN, 1, "h", 1, "live", -1)),
     ):
         with pytest.raises(codec.DecodeError):
             codec.decode(bad, 1 << 10)

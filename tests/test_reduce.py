@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from wandb_funnel._logger.ordering import Row
-from wandb_funnel._logger.reduce import RowBuilder, flatten
+from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._options import FunnelOptions
+from wandb_funnel._protocol.mergeable import flatten
 
 
 def _row(step: int, parts: dict[int, dict[str, Any]]) -> Row:

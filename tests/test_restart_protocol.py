@@ -48,7 +48,7 @@ def test_a_restarted_receiver_takes_each_unsaved_record_once() -> None:
             stream.push(codec.encode_record(step, True, {"x": step}, MAX))
         stream.flush(1.0)
         deadline = time.monotonic() + 5
-        while rx.received() < 300 and time.monotonic() < deadline:
+        while rx.streams.received() < 300 and time.monotonic() < deadline:
             time.sleep(0.01)
         rx.stop(2.0)
         first.close()  # the first logger is gone; nothing was said to be saved
@@ -58,11 +58,11 @@ def test_a_restarted_receiver_takes_each_unsaved_record_once() -> None:
         for step in range(300, 310):  # logged after the death: reaches the new logger
             stream.push(codec.encode_record(step, True, {"x": step}, MAX))
         deadline = time.monotonic() + 10
-        while rx2.received() < 310 and time.monotonic() < deadline:
+        while rx2.streams.received() < 310 and time.monotonic() < deadline:
             stream.flush_if_stale(time.monotonic())
             time.sleep(0.05)
         assert stream.replays >= 1
-        assert rx2.received() == 310  # the 100 saved count as received
+        assert rx2.streams.received() == 310  # the 100 saved count as received
         steps = [r[0] for event in _records(rx2) for r in event.records]
         assert steps == list(range(100, 310))
         # resent: 100..299, and 300..309 too when their batch reached the new logger before
@@ -137,7 +137,7 @@ def test_a_rank_closing_when_the_logger_dies_waits_for_its_successor() -> None:
         rx2.start()
         closer.join(10)
         assert not closer.is_alive()
-        assert rx2.received() == 50
+        assert rx2.streams.received() == 50
         assert caught == []  # its records reached the successor: nothing to warn about
     finally:
         _clean_up(fake, rx2, second, directory)
@@ -176,7 +176,7 @@ def test_a_rank_that_closes_after_the_logger_died_waits_for_its_successor(how: s
             stream.close("done", 0.0 if how == "budget-spent" else 0.5)
         starter.join()
         assert [str(w.message) for w in seen] == []  # nothing may be missing: no warning
-        assert rx2 is not None and rx2.received() == 50
+        assert rx2 is not None and rx2.streams.received() == 50
     finally:
         _clean_up(fake, rx2, second, directory)
 

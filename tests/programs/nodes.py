@@ -5,8 +5,8 @@ nodes of two ranks each (issue 38).
         --master-port P nodes.py TIER BEHAVIOUR --steps S
 
 Every rank logs at every step: ``loss`` (a float: mean), ``peak`` (an int: max), ``tokens``
-(an int: sum) and ``t`` (a float: spread, with the ranks of its min and max), and a key of
-its own. Before the first step rank 0 asks ``wandb-funnel status --json`` until it lists both
+(an int: sum), at even steps ``t`` (a float: spread, with the ranks of its min and max), and a
+key of its own. Before the first step rank 0 asks ``wandb-funnel status --json`` until it lists both
 nodes with rank 2 and 3 on node 1 (bounded), and REPORTs what it saw. BEHAVIOUR:
 
 - ``plain``: just that;
@@ -42,13 +42,17 @@ REDUCE = {"peak": "max", "tokens": "sum", "t": "spread"}
 
 
 def values(rank: int, step: int) -> dict[str, float | int]:
-    """What ``rank`` logs at ``step`` (tests/processes/test_nodes.py reduces the same)."""
-    return {
+    """What ``rank`` logs at ``step`` (tests/processes/test_nodes.py reduces the same): ``t``
+    at even steps only, so that the node logger pre-reduces the odd ones (a ``spread`` key
+    goes as it came, and so does its batch)."""
+    out: dict[str, float | int] = {
         "loss": ((rank * 7 + step * 3) % 11) / 3.0 + 1e-9 * rank,
         "peak": rank * 10 + step,
         "tokens": rank + step,
-        "t": 0.5 * (rank + 1) + 0.01 * step,
     }
+    if step % 2 == 0:
+        out["t"] = 0.5 * (rank + 1) + 0.01 * step
+    return out
 
 
 def status_nodes(
@@ -134,6 +138,8 @@ def main() -> None:
     if rank == 0 and args.tier != "flat":  # node 1's counts, once its ranks' hellos are in
         restarted = int(args.behaviour == "kill-node-logger")  # (then its successor's)
         node1 = {"forwarded": 2, "restarts": restarted}
+        if args.behaviour == "plain":
+            node1["folded"] = 1  # (its batches of the odd steps, pre-reduced)
         report(status_nodes_end=status_nodes("base", 2, 30.0, node1))
     dist.barrier()
     run.finish()

@@ -22,7 +22,7 @@ from _prelude import Scenarios, report
 
 import wandb_funnel as wf
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Hello
+from wandb_funnel._protocol.messages import PROTOCOL_VERSION, Hello
 
 scenario = Scenarios(__doc__)
 
@@ -159,10 +159,12 @@ def junk_on_the_socket(args: argparse.Namespace) -> None:
         s.setsockopt(zmq.LINGER, 2000)
         s.connect(funnel.address)
         s.send(b"\xc1garbage")  # not msgpack
-        s.send(msgpack.packb([1, 2, 0, 1]) + msgpack.packb([0, True, {"evil": 1}]))  # no hello
+        s.send(
+            msgpack.packb([PROTOCOL_VERSION, 2, 0, 1]) + msgpack.packb([0, True, {"evil": 1}])
+        )  # no hello
         # a well-formed hello (the codec's own: the wire's current shape) with a wrong token
         s.send(codec.encode_hello(Hello("wrong-token", os.getpid(), "h", None)))
-        s.send(msgpack.packb([1, 2, 0, 1]) + msgpack.packb([0, True, {"evil": 2}]))
+        s.send(msgpack.packb([PROTOCOL_VERSION, 2, 0, 1]) + msgpack.packb([0, True, {"evil": 2}]))
         s.send_multipart([b"a", b"b"])  # two frames
         s.close()
         ctx.term()

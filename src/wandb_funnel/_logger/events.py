@@ -43,7 +43,21 @@ class Ended:
     exit_code: int = 0
 
 
-Event = Attached | Records | Update | Ended
+@dataclass(frozen=True, slots=True)
+class FoldedRecords:
+    """A node logger's pre-reduced batches, taken whole (``_logger/folded.py``): per stream
+    ``(rank, end_seq, top step, floor, records)``, per step ``(step, committed, records,
+    states, parts)`` (``parts``: ``[rank, data]``, what no state reduces), and the
+    non-finite values among the states (``said``: the first of some)."""
+
+    streams: list[tuple[int, int, int, int, int]]
+    steps: list[tuple[int, bool, int, dict[str, Any], list[list[Any]]]]
+    nonfinite: int
+    said: list[list[Any]]
+    records: int
+
+
+Event = Attached | Records | FoldedRecords | Update | Ended
 
 
 class EventQueue:

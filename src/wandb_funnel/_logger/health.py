@@ -203,6 +203,17 @@ class Health:
                 said.extend(self.values(rank, step, nested))
         return said
 
+    def folded_values(self, count: int, said: list[list[Any]]) -> list[str]:
+        """A node logger's count of non-finite values it pre-reduced, with the first of some
+        (rank, key) pairs (``[rank, step, key, value]``): as ``values`` would have said them."""
+        self.nonfinite += count
+        lines = []
+        for rank, step, key, text in said:
+            if (rank, key) not in self._nonfinite_seen and len(self._nonfinite_seen) < 10_000:
+                self._nonfinite_seen.add((rank, key))
+                lines.append(f"rank {rank} logged {text} for {key!r} at step {step}")
+        return lines
+
     def spread(self, key: str, ranks: list[int], values: list[float], step: int) -> str | None:
         """One step of a ``spread`` key: a rank that is the max for ``STRAGGLER_STEPS`` steps
         in a row at ``STRAGGLER_RATIO`` x the median or more is a straggler, said once."""

@@ -60,7 +60,7 @@ class Ledger:
             "_funnel/relogged_steps": sum(w.relogged_steps for w in writers),
             "_funnel/dropped_records": sum(w.dropped for w in writers) + rx.dropped,
             # after a restart, the ranks the dead loggers had too (ended ones do not come back)
-            "_funnel/ranks": max(rx.ranks, len(self._journal.before.ranks)),
+            "_funnel/ranks": max(len(rx.streams.peers), len(self._journal.before.ranks)),
             "_funnel/dead_ranks": len(rx.dead_ranks),
             "_funnel/failed_ranks": len(self.failed),
             "_funnel/junk_frames": rx.junk_frames,
@@ -117,7 +117,7 @@ class Ledger:
         writers = list(writers)
         stats = self.funnel(writers)
         handled = sum(w.records + w.dropped for w in writers)
-        stats["_funnel/dropped_records"] += max(0, self._receiver.received() - handled)
+        stats["_funnel/dropped_records"] += max(0, self._receiver.streams.received() - handled)
         stats["_funnel/exit_reason"] = f"{why}; out of time inside wandb"
         return stats
 

@@ -28,10 +28,10 @@ from wandb_funnel._logger import closing, ledger
 from wandb_funnel._logger.attempt import job_attempt, status_of
 from wandb_funnel._logger.closing import Close
 from wandb_funnel._logger.continuity import Continuation
-from wandb_funnel._logger.events import Attached, Ended, Event, Records, Update
+from wandb_funnel._logger.events import Attached, Ended, Event, FoldedRecords, Records, Update
+from wandb_funnel._logger.intake import Intake
 from wandb_funnel._logger.journal import Journal
 from wandb_funnel._logger.ledger import Ledger
-from wandb_funnel._logger.media import count_media
 from wandb_funnel._logger.monitor import Monitor
 from wandb_funnel._logger.receiver import Receiver
 from wandb_funnel._logger.runs import Runs, SinkLostError
@@ -86,6 +86,7 @@ class Logger:
         self.ledger = Ledger(receiver, self.monitor.health, self.journal)
         self.runs = Runs(start, open_sink, self.journal, self.monitor.spread)
         self.close = Close(receiver.close_requests, start.options.close_timeout)
+        self._intake = Intake(self.runs, self.journal, self.monitor, self.close, receiver.events)
         self.monitor.console = self._console
         self._expected_ranks = start.topology.expected_ranks
         if self.runs.per_rank is not None:
@@ -188,7 +189,11 @@ class Logger:
                     "continues the run (the ranks resend what was not saved)"
                 )
                 return LoggerResult(Outcome.RESTART, 0)
-            if self.close.orphaned and not self.close.begun and not self._receiver.unfinished():
+            if (
+                self.close.orphaned
+                and not self.close.begun
+                and not self._receiver.streams.unfinished()
+            ):
                 self.close.requests.ask(EXIT_OWNER_LOST, None, "owner lost")
             # One close path: the owner's CLOSE, a signal, the owner lost and the receiver's
             # death each ask (close_request.py); the first asked is the close.
@@ -231,8 +236,8 @@ class Logger:
         return events.empty()
 
     def _handle(self, event: Event) -> None:
-        if isinstance(event, Records):
-            self._records(event)
+        if isinstance(event, Records | FoldedRecords):
+            self._intake.take(event)
         elif isinstance(event, Attached):
             now = time.monotonic()
             self.monitor.attached(event.rank, event.pid, now)
@@ -250,29 +255,6 @@ class Logger:
             self.runs.for_rank(event.rank).update(event.kind, event.data, event.rank, late)
             if event.kind is UpdateKind.RUN and self.runs.per_rank is None:
                 self._publish_run_info()  # ranks that ask later get the new name
-
-    def _records(self, event: Records) -> None:
-        now = time.monotonic()
-        writer = self.runs.for_rank(event.rank)
-        records, counted = self.journal.admit(
-            event.rank, event.end_seq, event.records, event.replayed
-        )
-        for record in counted:  # in the run already, written by the dead logger
-            writer.media.logged += count_media(record[2])
-        top: int | None = None
-        if not records:
-            pass
-        elif self.close.past_write_deadline():
-            # Out of time to write rows: count the backlog instead of ordering it. Ordering
-            # 500k queued records takes seconds, which the summary and finish need.
-            writer.dropped += len(records)
-        else:
-            top = writer.order.add_batch(event.rank, records, now)
-        writer.journal.saves.batch(event.rank, event.end_seq, top, writer.rows)
-        self.journal.took(event.rank, event.end_seq)
-        if records:
-            self.monitor.batch(event.rank, top, len(records), now)
-        self._receiver.events.taken(len(event.records))
 
     def _ended(self, event: Ended) -> None:
         self._active.discard(event.rank)
@@ -306,7 +288,7 @@ class Logger:
     def _write_state(self) -> None:
         active = (self._active | self.journal.before.active) - self._ended_ranks
         stats = self.ledger.funnel(self.runs)
-        self.journal.state(self.runs.writers, self._receiver.used_ranks(), active, stats)
+        self.journal.state(self.runs.writers, set(self._receiver.streams.used_ranks), active, stats)
 
     def _status(self, now: float) -> dict[str, Any]:
         stats = self.ledger.funnel(self.runs)
@@ -336,7 +318,7 @@ class Logger:
         while not self._take_events(0.0, 1_000_000):
             pass
         close.step("queue emptied")
-        for rank, pid in self._receiver.unfinished():
+        for rank, pid in self._receiver.streams.unfinished():
             log_to_stderr(
                 f"rank {rank} (pid {pid}) had not finished when the run closed ({close.why}); "
                 f"records it sends from now on are lost"

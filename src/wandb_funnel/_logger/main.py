@@ -28,7 +28,7 @@ from wandb_funnel._logger.runs import SinkLostError
 from wandb_funnel._logger.say import log_to_stderr
 from wandb_funnel._outcomes import LoggerExit, Outcome
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Done, LoggerStart
+from wandb_funnel._protocol.messages import Done, LoggerStart, NodePlan, Saved
 from wandb_funnel._protocol.sockets import LoggerSocket
 from wandb_funnel.sinks import (
     Opening,
@@ -137,6 +137,10 @@ def _start(start: LoggerStart, before: Continuation) -> _Started:
             saved=before.saved,
             used_ranks=before.ranks,
             node=start.topology.node,
+            plan=NodePlan(
+                start.options.run_mode == "auto" and start.topology.per_rank is None,
+                dict(start.options.reduce),
+            ),
         )
         logger = Logger(start, receiver, open_run, before)
         # An online run opens in the background: the owner's start (and with it every rank's
@@ -187,7 +191,8 @@ def _serve(start: LoggerStart, started: _Started) -> int:
                 # The run is finished and its wandb-core shut down: everything taken in is
                 # in the file or counted. Every rank still listening may forget its records
                 # (a closing one would otherwise wait for a successor that never comes).
-                for identity, frame in receiver.everything_saved():
+                for identity, peer in receiver.streams.items():
+                    frame = codec.encode_saved(Saved(peer.next_seq))
                     sock.reply(identity, frame)
             sock.close()
         # The owner removes the directory once it has read what is left there for it (the

@@ -73,6 +73,11 @@ class Monitor:
                 for line in health.values(rank, row.step, part):
                     self.say(line)
 
+    def folded_nonfinite(self, count: int, said: list[list[Any]]) -> None:
+        """What a node logger found non-finite among the values it pre-reduced."""
+        for line in self.health.folded_values(count, said):
+            self.say(line)
+
     def spread(self, key: str, ranks: list[int], values: list[Any], step: int) -> None:
         """The ``spread`` reducer's values of a key at a step: a straggler is said."""
         line = self.health.spread(key, ranks, values, step)
@@ -144,7 +149,7 @@ class Monitor:
         """What ``wandb-funnel status`` shows (``_status.py``), from counters at hand."""
         info = self._receiver.run_info or {}
         ranks = []
-        for peer in sorted(self._receiver.peers(), key=lambda p: p["rank"]):
+        for peer in sorted(self._receiver.streams.snapshot(), key=lambda p: p["rank"]):
             progress = self.health.ranks.get(peer["rank"])
             last = progress.last_record if progress is not None else None
             since = None if last is None else round(now - last, 1)

@@ -31,10 +31,10 @@ class _Node:
     last_seen: float
     state: str = "live"
     restarts: int = 0  # node loggers of this node that came after the first
-    counts: tuple[int, int, int] = (0, 0, 0)  # its logger's frames, as named in COUNTS
+    counts: tuple[int, int, int, int] = (0, 0, 0, 0)  # its logger's counts, named in COUNTS
 
 
-COUNTS = ("forwarded", "stale", "junk")  # a node logger's counts, as status names them
+COUNTS = ("forwarded", "stale", "junk", "folded")  # a node logger's counts, as status names them
 
 
 class Nodes:
@@ -51,6 +51,10 @@ class Nodes:
     def tiered(self) -> bool:
         return self.own is not None
 
+    def new(self, route: bytes) -> bool:
+        """Whether this node logger has not said its word yet."""
+        return route not in self._by_route
+
     def seen(self, route: bytes, hello: NodeHello, token: str) -> bool:
         """A node logger said which node it serves; False: not with the job's token."""
         if hello.token != token:
@@ -65,7 +69,7 @@ class Nodes:
             self._by_route[route] = self._by_node[hello.node] = node
         node.last_seen = now
         node.state = hello.state
-        node.counts = (hello.forwarded, hello.stale, hello.junk)
+        node.counts = (hello.forwarded, hello.stale, hello.junk, hello.folded)
         return True
 
     def count(self) -> int:

@@ -27,13 +27,17 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wandb_funnel._protocol.mergeable import KeyState
 
 
 class Row:
-    """One step's data: ``parts`` maps each rank to its records at that step, merged."""
+    """One step's data: ``parts`` maps each rank to its records at that step, merged;
+    ``states``, the node tier's pre-reduced keys of other ranks (None: none)."""
 
-    __slots__ = ("committed", "late", "parts", "records", "step")
+    __slots__ = ("committed", "late", "parts", "records", "states", "step")
 
     def __init__(
         self, step: int, parts: dict[int, dict[str, Any]] | None = None, late: bool = False
@@ -43,6 +47,7 @@ class Row:
         self.records = 0
         self.late = late
         self.committed = False  # a record at this step committed it (wandb's commit=True)
+        self.states: dict[str, KeyState] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -61,6 +66,35 @@ class Row:
         else:
             part.update(data)  # the same rank at the same step: later keys win, as in wandb
         self.records += 1
+
+    def add_states(
+        self,
+        states: dict[str, KeyState],
+        parts: list[list[Any]],
+        records: int,
+        committed: bool,
+    ) -> None:
+        """Merge a node's pre-reduction of ``records`` records of its ranks: ``states``, and
+        ``parts`` (``[rank, data]``: what of a rank's whole step no state reduces)."""
+        if committed:
+            self.committed = True
+        for rank, data in parts:
+            part = self.parts.get(rank)
+            if part is None:
+                self.parts[rank] = data
+            else:
+                part.update(data)
+        mine = self.states
+        if mine is None:
+            self.states = states
+        else:
+            for key, state in states.items():
+                held = mine.get(key)
+                if held is None:
+                    mine[key] = state
+                else:
+                    held.merge(state)
+        self.records += records
 
 
 class Reorderer:
@@ -148,6 +182,35 @@ class Reorderer:
             if committed:
                 row.committed = True
         return top
+
+    def add_states(
+        self,
+        step: int,
+        committed: bool,
+        records: int,
+        states: dict[str, Any],
+        parts: list[list[Any]],
+        now: float,
+    ) -> None:
+        """Take a node's pre-reduced ``records`` records at ``step`` (its ranks' floors come
+        with ``rank_floor``)."""
+        if step <= self._last_released:
+            late = self._late.get(step)
+            if late is None:
+                late = self._late[step] = Row(step, late=True)
+            late.add_states(states, parts, records, committed)
+            self.late_records += records
+            return
+        row = self._rows.get(step)
+        if row is None:
+            row = self._rows[step] = Row(step)
+            self._new_row(step, now)
+        row.add_states(states, parts, records, committed)
+
+    def rank_floor(self, rank: int, floor: int) -> None:
+        """``rank`` logs nothing below ``floor`` from now on (a node's word for it)."""
+        if rank not in self._done and floor > self._floors.get(rank, -1):
+            self._floors[rank] = floor
 
     def rank_expected(self, rank: int) -> None:
         """``rank`` belongs to the job but has not attached: it holds rows from the start, so

@@ -18,20 +18,23 @@ import time
 from typing import Any
 
 from wandb_funnel._constants import BATCH_RECORDS, EXIT_OWNER_LOST
+from wandb_funnel._logger import folded
 from wandb_funnel._logger.blobs import BlobWriter
 from wandb_funnel._logger.close_request import CloseRequests
 from wandb_funnel._logger.events import Attached, Ended, EventQueue, Records, Update
 from wandb_funnel._logger.nodes import Nodes
 from wandb_funnel._logger.say import Drops, log_to_stderr
 from wandb_funnel._logger.streams import Peer, Streams
-from wandb_funnel._protocol import codec
+from wandb_funnel._protocol import codec, node_wire
 from wandb_funnel._protocol.messages import (
     Ack,
     Blob,
     Close,
+    Folded,
     Goodbye,
     Hello,
     NodeHello,
+    NodePlan,
     Record,
     RecordBatch,
     Saved,
@@ -69,6 +72,7 @@ class Receiver(threading.Thread):
         saved: dict[int, int] | None = None,
         used_ranks: set[int] | None = None,
         node: int | None = None,
+        plan: NodePlan | None = None,
     ) -> None:
         super().__init__(name="wandb-funnel-receiver", daemon=True)
         self._sock = sock
@@ -79,6 +83,7 @@ class Receiver(threading.Thread):
         self.streams = Streams(first_auto_rank, saved, used_ranks)
         self._peers = self.streams.peers
         self.nodes = Nodes(node, self.streams, sock.routes)  # the node tier's node loggers
+        self._plan = node_wire.encode_node_plan(plan or NodePlan(False, {}))
         # A restarted logger (generation > 0): streams it does not know are asked to say
         # hello again.
         self._generation = generation
@@ -91,6 +96,7 @@ class Receiver(threading.Thread):
         self._stopping = threading.Event()
         self.events = EventQueue(max_queued_records)
         self.closer: bytes | None = None
+        self.refused_folded = 0  # node loggers' Folded frames refused (resent as they came)
         self.footer = True  # the owner's CLOSE: print wandb's end-of-run footer
         # The owner's CLOSE goes here, out of band of the events: behind a backlog of queued
         # records the writer would see it only after writing them all, past its deadline.
@@ -137,31 +143,6 @@ class Receiver(threading.Thread):
     @property
     def dropped(self) -> int:
         return self.drops.total
-
-    @property
-    def ranks(self) -> int:
-        return len(self._peers)
-
-    def received(self) -> int:
-        """Records taken in from every stream so far (safe from another thread)."""
-        return self.streams.received()
-
-    def everything_saved(self) -> list[tuple[bytes, bytes]]:
-        """A ``Saved`` for every stream up to what it sent (once the run is finished)."""
-        return [(i, codec.encode_saved(Saved(p.next_seq))) for i, p in self.streams.items()]
-
-    def used_ranks(self) -> set[int]:
-        """Every rank handed out so far (safe from another thread)."""
-        return set(self.streams.used_ranks)
-
-    def peers(self) -> list[dict[str, Any]]:
-        """Every stream as plain data (for ``wandb-funnel status``; safe from another
-        thread: a snapshot of counters)."""
-        return self.streams.snapshot()
-
-    def unfinished(self) -> list[tuple[int, int]]:
-        """(rank, pid) of every stream that has neither said goodbye nor died."""
-        return self.streams.unfinished()
 
     # -- the thread ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -255,7 +236,14 @@ class Receiver(threading.Thread):
                 self.close_requests.ask(message.exit_code, message.budget, "closed by the owner")
             return
         if isinstance(message, NodeHello):
-            self.rejected_peers += not self.nodes.seen(identity, message, self._token)
+            new = self.nodes.new(identity)
+            if not self.nodes.seen(identity, message, self._token):
+                self.rejected_peers += 1
+            elif new:  # whether, and how, it pre-reduces
+                self._sock.reply(identity, self._plan)
+            return
+        if isinstance(message, Folded):
+            self._folded(identity, message)
             return
         peer = self._peers.get(identity)
         if peer is None:
@@ -282,6 +270,16 @@ class Receiver(threading.Thread):
                 self.junk_frames += 1
         else:
             self.junk_frames += 1
+
+    def _folded(self, route: bytes, message: Folded) -> None:
+        """A node logger's pre-reduced batches: taken whole, or refused and resent."""
+        refused = folded.take(self.streams, self.events, self.drops, message)
+        if refused is not None:
+            self.refused_folded += 1
+            log_to_stderr(f"refused a node's pre-reduced batches ({refused}); they are resent")
+            for identity, *_ in message.streams:
+                self._sock.routes.setdefault(identity, route)
+                self._stranger(identity)
 
     def _stranger(self, identity: bytes) -> None:
         """A frame from a stream this (restarted) logger does not know: one the dead logger

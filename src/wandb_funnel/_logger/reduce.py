@@ -11,15 +11,16 @@ histogram. Pure functions; no I/O.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from wandb_funnel._protocol.mergeable import MERGEABLE, ReducerNames, flatten
 from wandb_funnel._protocol.messages import MediaRef
 
-if TYPE_CHECKING:  # the logger's module: a worker that imports this never loads it
+if TYPE_CHECKING:  # the logger's modules: a worker that imports this never loads them
     from wandb_funnel._logger.ordering import Row
+    from wandb_funnel._protocol.mergeable import KeyState
 
 Reducer = Callable[[list[Any]], Any]
 
@@ -157,21 +158,6 @@ def _reduce(
         return values[0]
 
 
-def flatten(
-    data: Mapping[str, Any], prefix: str = "", out: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``, the way wandb names nested history keys."""
-    if out is None:
-        out = {}
-    for key, value in data.items():
-        full = f"{prefix}{key}"
-        if type(value) is dict and value:
-            flatten(value, f"{full}.", out)
-        else:
-            out[full] = value
-    return out
-
-
 def _flat(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` itself when nothing in it is nested (the common case), else ``flatten(data)``."""
     for value in data.values():
@@ -194,27 +180,10 @@ class RowBuilder:
         self._mode = run_mode
         self._warn = warn
         self._on_spread = on_spread  # each step of a spread key (the logger's straggler watch)
-        self._explicit = dict(reduce)
-        self._globs = [(k, v) for k, v in self._explicit.items() if any(c in k for c in "*?[")]
+        self._reducer_for = ReducerNames(reduce)
         self._step_key = step_key
         # Set once a rank logs ``step_key`` itself: the key is the user's then.
         self.user_step_key = False
-        self._cache: dict[str, str | None] = {}
-
-    def _reducer_for(self, key: str) -> str | None:
-        """The reducer the user asked for ``key``, or None."""
-        try:
-            return self._cache[key]
-        except KeyError:
-            pass
-        name = self._explicit.get(key)
-        if name is None:
-            for pattern, pattern_name in self._globs:
-                if fnmatch.fnmatchcase(key, pattern):
-                    name = pattern_name
-                    break
-        self._cache[key] = name
-        return name
 
     def _note_step_key(self, out: dict[str, Any]) -> None:
         """A rank logs ``step_key`` itself: the key is the user's (wandb's end-of-run footer
@@ -227,37 +196,77 @@ class RowBuilder:
         writer places it, ``_logger/steps.py``)."""
         if self._mode == "shared":
             return self._build_shared(row)
-        parts = row.parts
+        if row.states is None:
+            out = self._reduce_parts(row.parts, row.step)
+        else:
+            out = self._reduce_parts(self._into_states(row.parts, row.states), row.step)
+            out.update(self._folded(row.states))
+        self._note_step_key(out)
+        return out
+
+    def _reduce_parts(self, parts: dict[int, dict[str, Any]], step: int) -> dict[str, Any]:
+        """Every rank's values of each key, reduced: the flat funnel's way."""
         if len(parts) == 1:  # one rank at this step: nothing to reduce
             (part,) = parts.values()
-            out = dict(_flat(part))
-        else:
-            by_key: dict[str, list[Any]] = {}
-            for rank in sorted(parts):
-                for key, value in _flat(parts[rank]).items():
-                    values = by_key.get(key)
-                    if values is None:
-                        by_key[key] = [value]
-                    else:
-                        values.append(value)
-            out = {}
-            for key, values in by_key.items():
-                if len(values) == 1:
-                    out[key] = values[0]
-                    continue
-                name = self._reducer_for(key) or "mean"
-                # Which ranks gave the values: asked for only by concat, merge and spread, off
-                # the hot path.
-                ranks = (
-                    [r for r in sorted(parts) if key in _flat(parts[r])]
-                    if name in _RANKED_FUNCS or name == SPREAD
-                    else []
-                )
-                if name == SPREAD:
-                    self._spread(out, key, values, ranks, row.step)
-                    continue
-                out[key] = _reduce(name, values, ranks, key, self._warn)
-        self._note_step_key(out)
+            return dict(_flat(part))
+        by_key: dict[str, list[Any]] = {}
+        for rank in sorted(parts):
+            for key, value in _flat(parts[rank]).items():
+                values = by_key.get(key)
+                if values is None:
+                    by_key[key] = [value]
+                else:
+                    values.append(value)
+        out: dict[str, Any] = {}
+        for key, values in by_key.items():
+            if len(values) == 1:
+                out[key] = values[0]
+                continue
+            name = self._reducer_for(key) or "mean"
+            # Which ranks gave the values: asked for only by concat, merge and spread, off
+            # the hot path.
+            ranks = (
+                [r for r in sorted(parts) if key in _flat(parts[r])]
+                if name in _RANKED_FUNCS or name == SPREAD
+                else []
+            )
+            if name == SPREAD:
+                self._spread(out, key, values, ranks, step)
+                continue
+            out[key] = _reduce(name, values, ranks, key, self._warn)
+        return out
+
+    @staticmethod
+    def _into_states(
+        parts: dict[int, dict[str, Any]], states: dict[str, KeyState]
+    ) -> dict[int, dict[str, Any]]:
+        """A rank's own value of a key that nodes pre-reduced goes into that key's state (a
+        node sends some ranks' steps as they are); the rest of each part is returned."""
+        rest: dict[int, dict[str, Any]] = {}
+        for rank in sorted(parts):
+            mine = rest[rank] = {}
+            for key, value in _flat(parts[rank]).items():
+                state = states.get(key)
+                if state is None:
+                    mine[key] = value
+                else:
+                    state.add(rank, value)
+        return {rank: part for rank, part in rest.items() if part}
+
+    def _folded(self, states: dict[str, KeyState]) -> dict[str, Any]:
+        """The node tier's pre-reduced keys (issue 38): what ``_reduce_parts`` gives for
+        every rank's values (``mergeable.py``)."""
+        out: dict[str, Any] = {}
+        for key, state in states.items():
+            name = self._reducer_for(key) or "mean"
+            if state.count == 1:
+                out[key] = state.first
+            elif name == SPREAD:
+                out.update(state.spread(key))
+            elif name in MERGEABLE:
+                out[key] = state.value(name)
+            else:  # a node folds no key of concat or merge: the lowest rank's value
+                out[key] = state.first
         return out
 
     def _spread(

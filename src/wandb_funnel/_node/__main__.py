@@ -43,6 +43,7 @@ def main() -> int:
         parent_pid=start.parent_pid,
         state_dir=start.ipc_dir,
         generation=start.generation,
+        max_frame=start.max_frame,
     )
 
     def stop(signum: int, frame: FrameType | None) -> None:

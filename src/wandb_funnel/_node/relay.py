@@ -26,10 +26,21 @@ import json
 import os
 import socket
 import time
+from collections import deque
 
 from wandb_funnel import _pid
-from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import HELLO, Hello, NodeHello
+from wandb_funnel._node.fold import Folder, Out
+from wandb_funnel._protocol import codec, node_wire
+from wandb_funnel._protocol.messages import (
+    GOODBYE,
+    HELLO,
+    RECORDS,
+    WELCOME,
+    Hello,
+    NodeHello,
+    NodePlan,
+    Welcome,
+)
 from wandb_funnel._protocol.sockets import NodeSockets
 
 STREAMS_FILE = "node-streams.json"  # the streams this node's loggers have served
@@ -53,6 +64,7 @@ class NodeRelay:
         parent_pid: int,
         state_dir: str,
         generation: int = 0,
+        max_frame: int = 1 << 20,
     ) -> None:
         self._socks = sockets
         self._token = token
@@ -61,7 +73,10 @@ class NodeRelay:
         self._file = os.path.join(state_dir, STREAMS_FILE)
         self._generation = generation
         self._host = socket.gethostname()
-        self._pending: list[bytes] | None = None  # a frame the root's queue had no room for
+        # What goes to the root, in order; while the root's queue has no room, ranks wait.
+        self._out: deque[list[bytes]] = deque()
+        self.folder = Folder(max_frame)  # pre-reduction, once the root says to
+        self._max_frame = max_frame
         self.streams: dict[bytes, int] = {}  # identity -> pid, of every stream said hello
         # A successor: its predecessor's streams, asked to say hello again until they do.
         self._ask: dict[bytes, int] = self._read_streams() if generation else {}
@@ -93,14 +108,15 @@ class NodeRelay:
     def serve(self) -> None:
         next_beat = next_check = 0.0
         while True:
-            local_in, up_in, up_out = self._socks.poll(0.05, self._pending is not None)
-            if self._pending is not None and up_out and self._socks.send_up(self._pending):
-                self._pending = None
+            local_in, up_in, up_out = self._socks.poll(0.05, bool(self._out))
+            if up_out:
+                self._send()
             if up_in:
                 self._from_root()
-            if local_in and self._pending is None:
+            if local_in and not self._out:
                 self._from_ranks()
             now = time.monotonic()
+            self._send(self.folder.tick(now))
             if now >= next_beat:
                 next_beat = now + _BEAT
                 self._beat("live")
@@ -123,18 +139,48 @@ class NodeRelay:
             self.forwarded,
             self.stale,
             self.junk,
+            self.folder.folded,
         )
-        self._socks.send_up([codec.encode_node_hello(hello)])  # a full queue skips one beat
+        self._socks.send_up([node_wire.encode_node_hello(hello)])  # a full queue skips one beat
+
+    def _send(self, messages: Out | None = None) -> None:
+        """Queue ``messages`` behind what waits, and send what the root's queue takes."""
+        if messages:
+            self._out.extend(messages)
+        while self._out and self._socks.send_up(self._out[0]):
+            self._out.popleft()
 
     def _from_root(self) -> None:
         for _ in range(_DRAIN):
             parts = self._socks.recv_up()
             if parts is None:
                 return
-            if len(parts) != 2:
+            if len(parts) == 1:  # the root's word to this node logger
+                self._plan(parts[0])
+            elif len(parts) != 2:
                 self.junk += 1
-                continue
-            self._socks.send_local(parts[0], parts[1])
+            else:
+                if codec.peek_kind(parts[1]) == WELCOME:
+                    self._welcome(parts[0], parts[1])
+                self._socks.send_local(parts[0], parts[1])
+
+    def _plan(self, frame: bytes) -> None:
+        try:
+            plan = codec.decode(frame, self._max_frame)
+        except codec.DecodeError:
+            plan = None
+        if isinstance(plan, NodePlan):
+            self.folder.plan(plan)
+        else:
+            self.junk += 1
+
+    def _welcome(self, identity: bytes, frame: bytes) -> None:
+        try:
+            welcome = codec.decode(frame, self._max_frame)
+        except codec.DecodeError:
+            return
+        if isinstance(welcome, Welcome):
+            self.folder.welcome(identity, welcome.rank)
 
     def _from_ranks(self) -> None:
         for _ in range(_DRAIN):
@@ -145,27 +191,40 @@ class NodeRelay:
                 self.junk += 1
                 continue
             identity, frame = parts
-            if identity not in self.streams and not self._first_frame(identity, frame):
+            kind = codec.peek_kind(frame)
+            if kind == HELLO:
+                if not self._hello(identity, frame):
+                    continue
+            elif identity not in self.streams and not self._stranger(identity):
                 continue
-            if not self._socks.send_up(parts):
-                self._pending = parts  # the root is behind: the ranks wait, nothing is lost
-                return
+            if kind == RECORDS:
+                self._send(self.folder.records(identity, frame, time.monotonic()))
+            else:
+                if kind == GOODBYE:
+                    self._send(self.folder.goodbye(identity))
+                self._send([parts])
             self.forwarded += 1
+            if self._out:
+                return  # the root is behind: the ranks wait, nothing is lost
 
-    def _first_frame(self, identity: bytes, frame: bytes) -> bool:
-        """A stream's first frame here: its hello is forwarded (and the stream noted, for a
-        successor); anything else, from a stream a predecessor served, is answered with
-        REHELLO and not forwarded (the stream resends it)."""
-        if codec.peek_kind(frame) == HELLO:
-            try:
-                hello = codec.decode(frame, 1 << 16)
-            except codec.DecodeError:
-                hello = None
-            if isinstance(hello, Hello):
+    def _hello(self, identity: bytes, frame: bytes) -> bool:
+        """A stream's hello is forwarded (and the stream noted, for a successor), after what
+        it must follow; a hello that does not decode is forwarded for the root to count."""
+        try:
+            hello = codec.decode(frame, 1 << 16)
+        except codec.DecodeError:
+            return True
+        if isinstance(hello, Hello):
+            if identity not in self.streams:
                 self.streams[identity] = hello.pid
                 self._ask.pop(identity, None)
                 self._write_streams()
-            return True
+            self._send(self.folder.hello(identity, hello.resume))
+        return True
+
+    def _stranger(self, identity: bytes) -> bool:
+        """A frame of a stream that has not said hello here: from a stream a predecessor
+        served, it is answered with REHELLO and not forwarded (the stream resends it)."""
         if self._generation:
             self.stale += 1
             self._socks.send_local(identity, codec.REHELLO_FRAME)
@@ -191,4 +250,4 @@ class NodeRelay:
             self._leaving_since = now
         if any(_pid.pid_alive(pid) for pid in set(self.streams.values())):
             return now - self._leaving_since >= EXIT_LINGER
-        return self._pending is None
+        return not self._out

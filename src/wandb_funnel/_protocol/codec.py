@@ -30,10 +30,12 @@ from wandb_funnel._protocol.messages import (
     BLOB,
     CLOSE,
     DONE,
+    FOLDED,
     GOODBYE,
     HELLO,
     MEDIA_EXT,
     NODE,
+    NODE_PLAN,
     PROTOCOL_VERSION,
     RECORDS,
     REHELLO,
@@ -47,7 +49,6 @@ from wandb_funnel._protocol.messages import (
     Hello,
     MediaRef,
     Message,
-    NodeHello,
     RecordBatch,
     Rehello,
     Saved,
@@ -55,6 +56,7 @@ from wandb_funnel._protocol.messages import (
     UpdateKind,
     Welcome,
 )
+from wandb_funnel._protocol.node_wire import decode_folded, decode_node_hello, decode_node_plan
 
 # The most records one batch frame may declare; a frame claiming more is junk.
 MAX_BATCH_RECORDS: Final = 1 << 20
@@ -248,12 +250,6 @@ def encode_saved(saved: Saved) -> bytes:
 REHELLO_FRAME: Final[bytes] = msgpack.packb((PROTOCOL_VERSION, REHELLO))
 
 
-def encode_node_hello(hello: NodeHello) -> bytes:
-    return msgpack.packb(  # type: ignore[no-any-return]
-        (PROTOCOL_VERSION, NODE, *hello)
-    )
-
-
 def encode_done(done: Done) -> bytes:
     return msgpack.packb((PROTOCOL_VERSION, DONE, done.stats))  # type: ignore[no-any-return]
 
@@ -418,15 +414,6 @@ def _rehello(body: list[Any]) -> Rehello:
     return Rehello()
 
 
-def _node_hello(body: list[Any]) -> NodeHello:
-    _want(len(body) == 8, "node hello needs 8 fields")
-    token, node, host, pid, state, *counts = body
-    _want(type(token) is str and type(host) is str and state in ("live", "ended"), "bad node")
-    _want(_is_int(node) and 0 <= node <= MAX_STEP and _is_int(pid) and pid >= 0, "bad node")
-    _want(all(_is_int(n) and n >= 0 for n in counts), "bad node counts")
-    return NodeHello(token, node, host, pid, state, *counts)
-
-
 def peek_kind(frame: bytes) -> int | None:
     """A frame's message kind from its header alone (a node logger's forwarding: records
     pass through undecoded); None when the header is malformed."""
@@ -459,7 +446,9 @@ _DECODERS: Final[dict[int, Callable[[list[Any]], Message]]] = {
     ACK: _ack,
     SAVED: _saved,
     REHELLO: _rehello,
-    NODE: _node_hello,
+    NODE: decode_node_hello,
+    FOLDED: decode_folded,
+    NODE_PLAN: decode_node_plan,
     DONE: _done,
     **{kind: functools.partial(_update, kind) for kind in UpdateKind},
 }

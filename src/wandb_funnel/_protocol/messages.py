@@ -12,7 +12,7 @@ from typing import Any, Final, NamedTuple
 
 from wandb_funnel._options import FunnelOptions, Topology
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2  # 2: the node tier's folded batches (issue 38)
 
 # Message kinds. Client -> logger first, then logger -> client.
 HELLO: Final = 1
@@ -26,6 +26,8 @@ ACK: Final = 18
 SAVED: Final = 19  # the logger's: a stream's records below a sequence number are safe in the run
 REHELLO: Final = 20  # the logger's: "say hello again" (it restarted and does not know you)
 NODE: Final = 21  # a node logger's, to the root: the node it serves, now and then (issue 38)
+FOLDED: Final = 22  # a node logger's, to the root: its ranks' batches, pre-reduced per step
+NODE_PLAN: Final = 23  # the root's, to a node logger: whether and how to pre-reduce
 
 
 # msgpack extension type of a media value inside a record (``wandb.Image``, ``wf.Table``, ...):
@@ -220,6 +222,30 @@ class NodeHello(NamedTuple):
     forwarded: int = 0
     stale: int = 0
     junk: int = 0
+    folded: int = 0  # rank batches it sent pre-reduced (``Folded``)
+
+
+class Folded(NamedTuple):
+    """A node logger's pre-reduction of whole record batches of some of its ranks (issue 38,
+    ``_node/fold.py``). ``streams``: ``[identity, first_seq, end_seq, top step, floor]`` for
+    each stream whose batches ``[first_seq, end_seq)`` it holds, no more, no fewer; ``steps``:
+    ``[step, committed, records, {key: state}, [[rank, {key: value}], ...]]``, each state a
+    ``KeyState``'s wire form, each part what of a rank's step no state reduces;
+    ``nonfinite``: NaN and infinite values among them, the first of each (rank, key) in
+    ``said`` as ``[rank, step, key, value as text]``. The root takes it whole or not at all."""
+
+    streams: list[list[Any]]
+    steps: list[list[Any]]
+    nonfinite: int
+    said: list[list[Any]]
+
+
+class NodePlan(NamedTuple):
+    """The root's answer to a node logger's first word: ``fold`` (pre-reduce: a run shared by
+    every rank, not ``run_mode="shared"`` or ``"new"``), with the job's ``reduce`` option."""
+
+    fold: bool
+    reduce: dict[str, str]
 
 
 class Done(NamedTuple):
@@ -241,6 +267,8 @@ Message = (
     | Saved
     | Rehello
     | NodeHello
+    | Folded
+    | NodePlan
 )
 
 

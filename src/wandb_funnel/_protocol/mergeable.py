@@ -1,6 +1,7 @@
 """One key's values at one step, as a state that merges: a node logger's pre-reduction of its
 ranks' values (issue 38), which the root merges with the other nodes' and finishes into the
-very value the flat funnel's ``reduce.py`` gives for every rank's values at once.
+very value the flat funnel's ``_logger/reduce.py`` gives for every rank's values at once. Here,
+not in ``_logger``, because the node logger builds them and the wire carries them.
 
 Pure logic, no I/O. Exact, not approximately equal, for every numeric reducer (``mean``,
 ``sum``, ``min``, ``max``, ``first``, ``spread``) and for the flat funnel's rules:
@@ -22,10 +23,52 @@ addition in rank order, which a node cannot redo without every value).
 
 from __future__ import annotations
 
+import fnmatch
 import math
+from collections.abc import Mapping
 from typing import Any
 
 _NUMBERS = (int, float)
+MERGEABLE = frozenset({"mean", "sum", "min", "max", "first"})  # the reducers a state gives
+
+
+class ReducerNames:
+    """The reducer the user's ``reduce`` option names for a key (exactly, or by a glob), or
+    None; asked per key of every row, so each answer is kept."""
+
+    def __init__(self, reduce: Mapping[str, str]) -> None:
+        self._explicit = dict(reduce)
+        self._globs = [(k, v) for k, v in self._explicit.items() if any(c in k for c in "*?[")]
+        self._cache: dict[str, str | None] = {}
+
+    def __call__(self, key: str) -> str | None:
+        try:
+            return self._cache[key]
+        except KeyError:
+            pass
+        name = self._explicit.get(key)
+        if name is None:
+            for pattern, pattern_name in self._globs:
+                if fnmatch.fnmatchcase(key, pattern):
+                    name = pattern_name
+                    break
+        self._cache[key] = name
+        return name
+
+
+def flatten(
+    data: Mapping[str, Any], prefix: str = "", out: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``, the way wandb names nested history keys."""
+    if out is None:
+        out = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if type(value) is dict and value:
+            flatten(value, f"{full}.", out)
+        else:
+            out[full] = value
+    return out
 
 
 def _add_partial(partials: list[float], x: float) -> None:
@@ -175,3 +218,51 @@ class KeyState:
             f"{key}/min_rank": low_rank,
             f"{key}/max_rank": high_rank,
         }
+
+    # -- on the wire, from a node logger to the root -----------------------------------------
+    def to_wire(self) -> list[Any]:
+        """Plain msgpack data (a node folds plain ints and floats only: ``_node/fold.py``)."""
+        return [
+            self.count,
+            self.first,
+            self.first_rank,
+            self.ints,
+            self.int_sum,
+            self.partials,
+            self.nan,
+            self.pinf,
+            self.ninf,
+            self.low,
+            self.low_rank,
+            self.high,
+            self.high_rank,
+        ]
+
+    @classmethod
+    def from_wire(cls, wire: Any) -> KeyState:
+        """A node's state back; ValueError names what is malformed (a frame off the network)."""
+        if type(wire) is not list or len(wire) != 13:
+            raise ValueError("a folded key's state is not 13 fields")
+        count, first, first_rank, ints, int_sum, partials, nan, pinf, ninf = wire[:9]
+        low, low_rank, high, high_rank = wire[9:]
+        counts = (count, first_rank, nan, pinf, ninf, low_rank, high_rank)
+        if not all(type(n) is int and n >= -1 for n in counts) or count < 1:
+            raise ValueError("a folded key's counts or ranks are not counts")
+        if type(first) not in _NUMBERS or type(ints) is not bool or type(int_sum) is not int:
+            raise ValueError("a folded key's first value or int sum is not a number")
+        if type(partials) is not list or len(partials) > 64:
+            raise ValueError("a folded key's partial sums are not a short list")
+        if not all(type(p) is float and math.isfinite(p) for p in partials):
+            raise ValueError("a folded key's partial sums are not finite floats")
+        for extreme in (low, high):
+            if extreme is not None and type(extreme) not in _NUMBERS:
+                raise ValueError("a folded key's min or max is not a number")
+        if (low is None) != (high is None):
+            raise ValueError("a folded key has a min without a max")
+        state = cls.__new__(cls)
+        state.count, state.first, state.first_rank = count, first, first_rank
+        state.numbers, state.ints, state.int_sum = True, ints, int_sum
+        state.partials = partials
+        state.nan, state.pinf, state.ninf = nan, pinf, ninf
+        state.low, state.low_rank, state.high, state.high_rank = low, low_rank, high, high_rank
+        return state

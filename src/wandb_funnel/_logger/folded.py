@@ -1,0 +1,77 @@
+"""The root's side of a node logger's pre-reduction (issue 38, ``_node/fold.py``): a
+``Folded`` frame checked against each stream's numbering and taken whole or not at all (the
+writer's side is ``intake.py``).
+
+Whole or nothing, because a folded state cannot be taken in part: a frame that names a stream
+this logger does not know (it restarted, and the node logger's frame was already on its way),
+or numbers other than the stream's next ones, is refused, and every stream it names is asked
+to say hello again: each resends what is not saved, as it came (a node never folds a resend),
+and the root takes the numbers it has not taken. So exactly once holds through both hops.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from wandb_funnel._logger.events import EventQueue, FoldedRecords, Records
+from wandb_funnel._logger.say import Drops
+from wandb_funnel._protocol.mergeable import KeyState
+from wandb_funnel._protocol.messages import Folded
+
+if TYPE_CHECKING:
+    from wandb_funnel._logger.streams import Peer, Streams
+
+
+def admit(streams: Streams, folded: Folded) -> tuple[list[Peer], FoldedRecords] | str:
+    """The peers a ``Folded`` holds batches of, and what it hands the writer; or why it is
+    refused. Nothing is changed here: the caller numbers the peers once it takes it."""
+    peers: list[Peer] = []
+    entries = []
+    seen: set[bytes] = set()
+    for identity, first, end, top, floor in folded.streams:
+        peer = streams.peers.get(identity)
+        if peer is None:
+            return "a stream this logger does not know (yet)"
+        if identity in seen or peer.ended:
+            return "a stream named twice, or one that has ended"
+        if first != peer.next_seq or first < peer.replay_until or first < peer.skip_below:
+            return f"numbers {first}..{end} of rank {peer.rank}, not its next ({peer.next_seq})"
+        seen.add(identity)
+        peers.append(peer)
+        entries.append((peer.rank, end, top, floor, end - first))
+    steps: list[tuple[int, bool, int, dict[str, Any], list[list[Any]]]] = []
+    try:
+        for step, committed, records, wire, parts in folded.steps:
+            states = {key: KeyState.from_wire(state) for key, state in wire.items()}
+            if any(key in states for _, part in parts for key in part):
+                return "a key both pre-reduced and as it came at one step"
+            steps.append((step, committed, records, states, parts))
+    except ValueError as exc:
+        return str(exc)
+    records = sum(entry[4] for entry in entries)
+    if records != sum(step[2] for step in steps):
+        return "its steps hold other records than its streams' numbers say"
+    return peers, FoldedRecords(entries, steps, folded.nonfinite, folded.said, records)
+
+
+def take(streams: Streams, events: EventQueue, drops: Drops, folded: Folded) -> str | None:
+    """Take ``folded`` (its streams numbered, its records handed to the writer, or counted
+    as dropped when the writer is that far behind); or why it is refused."""
+    taken = admit(streams, folded)
+    if isinstance(taken, str):
+        return taken
+    peers, event = taken
+    now = time.monotonic()
+    room = events.reserve(event.records)
+    for peer, (_, end, _, _, count) in zip(peers, event.streams, strict=True):
+        peer.next_seq, peer.last_seen = end, now
+        if room:
+            peer.received += count
+        else:
+            peer.dropped += count
+            drops.count(count, "the logger's queue is full: wandb is slower than the workers", None)
+            events.post(Records(peer.rank, [], end))  # its numbers are done with
+    if room:
+        events.post(event)
+    return None

@@ -1,0 +1,133 @@
+"""``_node/fold.py`` and ``_logger/folded.py``: a node logger's pre-reduction (issue 38), in
+one process with no sockets. A rank's step is folded whole and once; whatever no state
+reduces rides along as the rank's part; the root's rows equal the flat funnel's; a frame whose
+numbers are not the stream's next is refused whole."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from wandb_funnel._logger import folded
+from wandb_funnel._logger.events import EventQueue, FoldedRecords
+from wandb_funnel._logger.ordering import Row
+from wandb_funnel._logger.reduce import RowBuilder
+from wandb_funnel._logger.say import Drops
+from wandb_funnel._logger.streams import Streams
+from wandb_funnel._node.fold import HOLD_FOR, Folder
+from wandb_funnel._protocol import codec
+from wandb_funnel._protocol.messages import Folded, Hello, NodePlan
+
+REDUCE = {"peak": "max", "t": "spread"}
+
+
+def _batch(seq: int, *records: tuple[int, bool, dict[str, Any]]) -> bytes:
+    return codec.encode_batch(seq, [codec.encode_record(s, c, d, 1 << 20) for s, c, d in records])
+
+
+def _folder(*ranks: int) -> Folder:
+    folder = Folder(1 << 20)
+    folder.plan(NodePlan(True, REDUCE))
+    for rank in ranks:
+        folder.welcome(bytes([rank]), rank)
+    return folder
+
+
+def _decode(message: list[bytes]) -> Any:
+    return codec.decode(message[-1], 1 << 20)
+
+
+def test_a_step_is_folded_once_the_rank_has_left_it_and_rows_equal_the_flat_funnels() -> None:
+    folder = _folder(2, 3)
+    sent: list[list[bytes]] = []
+    data: dict[int, list[dict[str, Any]]] = {
+        2: [{"loss": 1.5, "peak": 3, "t": 0.1}, {"loss": math.nan, "peak": 4, "s": "x"}],
+        3: [{"loss": 2.5, "peak": 9, "t": 0.7}, {"loss": 0.25, "peak": 1, "s": "y"}],
+    }
+    for rank in (2, 3):  # the first batch goes as it came: the node learns the numbering
+        sent += folder.records(bytes([rank]), _batch(0, (0, True, {"warm": 1})), 0.0)
+    assert [len(m) for m in sent] == [2, 2]
+    for step in (1, 2):
+        for rank in (2, 3):
+            # explicit steps: each stays open until the next batch
+            batch = _batch(step, (step, False, data[rank][step - 1]))
+            assert folder.records(bytes([rank]), batch, 0.1 * step) == []
+    out = folder.tick(1.0)
+    (message,) = out
+    frame = _decode(message)
+    assert isinstance(frame, Folded)
+    # step 1 is closed for both ranks (step 2 came); step 2 is still open: held
+    assert [entry[1:] for entry in frame.streams] == [[1, 2, 1, 2], [1, 2, 1, 2]]
+    assert [step[0] for step in frame.steps] == [1]
+    _, committed, records, states, parts = frame.steps[0]
+    assert (committed, records, sorted(states)) == (False, 2, ["loss", "peak"])
+    assert sorted((rank, sorted(part)) for rank, part in parts) == [(2, ["t"]), (3, ["t"])]
+    for rank in (2, 3):  # goodbye: every held step folds, and goes before the goodbye
+        (last,) = folder.goodbye(bytes([rank]))
+        assert [s[0] for s in _decode(last).steps] == [2]
+        assert _decode(last).nonfinite == (1 if rank == 2 else 0)
+
+    # the root: rows built from the states equal the flat funnel's from every rank's values
+    streams = Streams(first_auto_rank=0)
+    for rank in (2, 3):
+        peer, _, _ = streams.hello(bytes([rank]), Hello("t", 1, "h", rank, None), 0.0)
+        peer.next_seq = 1
+    taken = folded.admit(streams, frame)
+    assert not isinstance(taken, str)
+    _, event = taken
+    row = Row(1)
+    _, _, records, states, parts = event.steps[0]
+    row.add_states(states, parts, records, False)
+    flat = Row(1)
+    for rank in (2, 3):
+        flat.add(rank, dict(data[rank][0]), False)
+    assert RowBuilder("auto", REDUCE, "global_step").build(row) == RowBuilder(
+        "auto", REDUCE, "global_step"
+    ).build(flat)
+
+
+def test_a_batch_after_its_step_went_as_it_came_goes_so_too() -> None:
+    """A held batch whose step stays open past HOLD_FOR goes as it came; a later record of
+    the same step must too, or the rank's step would reach the root both ways."""
+    folder = _folder(5)
+    ident = bytes([5])
+    folder.records(ident, _batch(0, (0, True, {"a": 1})), 0.0)
+    assert folder.records(ident, _batch(1, (1, False, {"a": 2.0})), 0.0) == []
+    out = folder.tick(HOLD_FOR + 1)
+    assert out == [[ident, _batch(1, (1, False, {"a": 2.0}))]]
+    late = _batch(2, (1, False, {"b": 3.0}))
+    assert folder.records(ident, late, HOLD_FOR + 1) == [[ident, late]]
+    assert folder.folded == 0
+
+
+def test_a_resend_after_a_restart_and_a_gap_go_as_they_came() -> None:
+    folder = _folder(1)
+    ident = bytes([1])
+    folder.records(ident, _batch(0, (0, True, {"a": 1})), 0.0)
+    assert folder.records(ident, _batch(1, (1, True, {"a": 1})), 0.0) == []
+    assert folder.hello(ident, (0, 2)) == []  # its held batch is forgotten: it resends it
+    resent = _batch(1, (1, True, {"a": 1}))
+    assert folder.records(ident, resent, 0.0) == [[ident, resent]]
+    gap = _batch(5, (2, True, {"a": 1}))
+    assert folder.records(ident, gap, 0.0) == [[ident, gap]]
+    assert folder.tick(10.0) == [] and folder.folded == 0
+
+
+def test_the_root_refuses_a_folded_frame_whose_numbers_are_not_the_streams_next() -> None:
+    streams = Streams(first_auto_rank=0)
+    peer, _, _ = streams.hello(b"s", Hello("t", 1, "h", 4, None), 0.0)
+    peer.next_seq = 3
+    state = [1, 1.0, 4, False, 0, [1.0], 0, 0, 0, 1.0, 4, 1.0, 4]
+    events = EventQueue(1000)
+
+    def frame(first: int, end: int) -> Folded:
+        return Folded([[b"s", first, end, 7, 8]], [[7, True, end - first, {"a": state}, []]], 0, [])
+
+    assert "not its next" in (folded.take(streams, events, Drops(), frame(2, 3)) or "")
+    assert "does not know" in (folded.admit(streams, Folded([[b"x", 0, 1, 0, 0]], [], 0, [])) or "")
+    assert peer.next_seq == 3 and peer.received == 0  # nothing taken
+    assert folded.take(streams, events, Drops(), frame(3, 4)) is None
+    assert peer.next_seq == 4 and peer.received == 1
+    events.flush()
+    (event,) = events.get(0.1)
+    assert isinstance(event, FoldedRecords) and event.records == 1
