@@ -2,15 +2,19 @@
 (null sink), through the node tier and flat, side by side at the same load.
 
     python benchmarks/nodes.py --nodes 2048 --ranks-per-node 8 --keys 50 --rate 10 \\
-        --seconds 20 [--tier both|node|flat] [--producers 4]
+        --seconds 20 [--tier all|folded|node|flat] [--producers 4]
 
 The ranks are simulated by ``--producers`` processes, each holding its share of the nodes:
 
 - **flat**: one DEALER per rank to the root's TCP endpoint with the job's CURVE keys, as a
   rank on another node has;
 - **node**: one DEALER per node, with the node logger's identity, sending each of its ranks'
-  frames as ``[rank identity, frame]`` and a NodeHello a second: exactly what a node logger
-  forwards (``_node/relay.py`` never decodes a frame), without 2,048 processes on one box.
+  frames as ``[rank identity, frame]`` and a NodeHello a second: what a node logger forwards
+  when it does not pre-reduce (``_node/relay.py``), without 2,048 processes on one box;
+- **folded**: the same DEALERs, sending what a node logger that pre-reduces sends
+  (``_node/fold.py``): every 0.2 s one ``Folded`` frame per node, its ranks' steps of that
+  time folded into one state per key (built with the real ``KeyState``s, once per node: the
+  ranks log the same values every step, so only the frame is packed each time).
 
 Every rank says hello, then every ``1/rate`` seconds sends a batch of one record of
 ``--keys`` float keys at the next step (one packed record per step, shared by the ranks, so
@@ -74,7 +78,8 @@ def _producer(
     import zmq
 
     from wandb_funnel._protocol import codec, node_wire
-    from wandb_funnel._protocol.messages import Goodbye, Hello, NodeHello
+    from wandb_funnel._protocol.mergeable import KeyState
+    from wandb_funnel._protocol.messages import Folded, Goodbye, Hello, NodeHello
     from wandb_funnel._protocol.sockets import NODE_PREFIX, STREAM_PREFIX
 
     ctx = zmq.Context()
@@ -97,7 +102,7 @@ def _producer(
     ranks: list[tuple[Any, list[bytes], int]] = []
     node_socks: list[tuple[Any, int]] = []
     for node in nodes:
-        up = dealer(NODE_PREFIX + os.urandom(11)) if tier == "node" else None
+        up = dealer(NODE_PREFIX + os.urandom(11)) if tier != "flat" else None
         if up is not None:
             node_socks.append((up, node))
         for local in range(per_node):
@@ -125,6 +130,26 @@ def _producer(
     ready.put(len(ranks))
     t0 = start.get()
     data = {f"k{i:02d}": float(i) for i in range(keys)}
+    # folded: each node's ranks' states of one step (the same at every step), and its streams
+    fold_every = max(1, round(rate * 0.2))
+    folds = []
+    for up, _ in node_socks if tier == "folded" else []:
+        mine = [(prefix[0], rank) for s, prefix, rank in ranks if s is up]
+        states: dict[str, KeyState] = {}
+        for key, value in data.items():
+            for _, rank in mine:
+                if key in states:
+                    states[key].add(rank, value)
+                else:
+                    states[key] = KeyState(rank, value)
+        folds.append((up, mine, {k: v.to_wire() for k, v in states.items()}))
+
+    def send_folded(first: int, end: int) -> None:
+        for up, mine, wire in folds:
+            streams = [[identity, first, end, end - 1, end] for identity, _ in mine]
+            steps_ = [[s, True, len(mine), wire, []] for s in range(first, end)]
+            up.send(node_wire.encode_folded(Folded(streams, steps_, 0, [])))
+
     behind = 0.0
     next_beat = time.monotonic() + 1.0
     for step in range(steps):
@@ -134,9 +159,13 @@ def _producer(
             time.sleep(due - now)
         else:
             behind = max(behind, now - due)
-        frame = codec.encode_batch(step, [codec.encode_record(step, True, data, 1 << 20)])
-        for s, prefix, _ in ranks:
-            s.send_multipart([*prefix, frame])
+        if folds:
+            if (step + 1) % fold_every == 0 or step + 1 == steps:
+                send_folded(step - step % fold_every, step + 1)
+        else:
+            frame = codec.encode_batch(step, [codec.encode_record(step, True, data, 1 << 20)])
+            for s, prefix, _ in ranks:
+                s.send_multipart([*prefix, frame])
         drain()
         if node_socks and time.monotonic() >= next_beat:
             next_beat = time.monotonic() + 1.0
@@ -185,7 +214,7 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
     n = args.nodes * args.ranks_per_node
     steps = int(args.seconds * args.rate)
     topology = Topology(
-        first_auto_rank=n + 1, tcp_host="127.0.0.1", node=0 if tier == "node" else None
+        first_auto_rank=n + 1, tcp_host="127.0.0.1", node=None if tier == "flat" else 0
     )
     options = FunnelOptions(close_timeout=120, max_pending_rows=100_000)
     f = wf.Funnel(options, topology=topology, project="bench-nodes").start()
@@ -252,7 +281,7 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tier", choices=["both", "node", "flat"], default="both")
+    parser.add_argument("--tier", choices=["all", "folded", "node", "flat"], default="all")
     parser.add_argument("--nodes", type=int, default=2048)
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--keys", type=int, default=50)
@@ -262,7 +291,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["WANDB_FUNNEL_SINK"] = "null"
     os.environ.setdefault("WANDB_MODE", "offline")
-    for tier in ("node", "flat") if args.tier == "both" else (args.tier,):
+    for tier in ("folded", "node", "flat") if args.tier == "all" else (args.tier,):
         report(**one(tier, args))
 
 

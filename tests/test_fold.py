@@ -11,12 +11,14 @@ from typing import Any
 from wandb_funnel._logger import folded
 from wandb_funnel._logger.events import EventQueue, FoldedRecords
 from wandb_funnel._logger.ordering import Row
+from wandb_funnel._logger.receiver import Receiver
 from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.say import Drops
 from wandb_funnel._logger.streams import Streams
 from wandb_funnel._node.fold import HOLD_FOR, Folder
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Folded, Hello, NodePlan
+from wandb_funnel._protocol.sockets import LoggerSocket
 
 REDUCE = {"peak": "max", "t": "spread"}
 
@@ -131,3 +133,109 @@ def test_the_root_refuses_a_folded_frame_whose_numbers_are_not_the_streams_next(
     events.flush()
     (event,) = events.get(0.1)
     assert isinstance(event, FoldedRecords) and event.records == 1
+
+
+def test_a_key_of_numbers_and_not_numbers_at_one_step_is_taken_and_reduced_as_flat() -> None:
+    """rank 2 logs a float, rank 3 None, for one key at one step: the state and the part
+    meet at the root, which takes the frame (it must not refuse it, and ask for it again)."""
+    folder = _folder(2, 3)
+    for rank, value in ((2, 1.5), (3, None)):
+        ident = bytes([rank])
+        folder.records(ident, _batch(0, (0, True, {"w": 0})), 0.0)
+        folder.records(ident, _batch(1, (1, True, {"loss": value, "n": {"a": 1.0}})), 0.0)
+    (message,) = folder.tick(1.0)
+    frame = _decode(message)
+    streams = Streams(first_auto_rank=0)
+    for rank in (2, 3):
+        streams.hello(bytes([rank]), Hello("t", 1, "h", rank, None), 0.0)[0].next_seq = 1
+    taken = folded.admit(streams, frame)
+    assert not isinstance(taken, str), taken
+    (step,) = taken[1].steps
+    row, flat = Row(1), Row(1)
+    row.add_states(step[3], step[4], step[2], True)
+    flat.add(2, {"loss": 1.5, "n": {"a": 1.0}})
+    flat.add(3, {"loss": None, "n": {"a": 1.0}})
+    builder = RowBuilder("auto", {}, "global_step")
+    assert builder.build(row) == builder.build(flat) == {"loss": 1.5, "n.a": 1.0}
+
+
+def test_nested_dicts_of_one_rank_at_one_step_merge_as_flat() -> None:
+    """A later record's nested dict replaces the earlier one whole (as ``Row.add``), and is
+    flattened after: no stray ``a.c``."""
+    folder = _folder(4)
+    ident = bytes([4])
+    folder.records(ident, _batch(0, (0, True, {"w": 0})), 0.0)
+    batch = _batch(1, (1, False, {"a": {"b": 1.0, "c": 2.0}}), (1, True, {"a": {"b": 3.0}}))
+    folder.records(ident, batch, 0.0)
+    (message,) = folder.tick(1.0)
+    (step,) = _decode(message).steps
+    assert sorted(step[3]) == ["a.b"] and step[3]["a.b"][1] == 3.0
+
+
+def test_a_successors_stream_resending_is_never_folded() -> None:
+    """A successor node logger knows no stream: a hello's ``resume`` still marks what is
+    resent, which goes as it came even once the Welcome names the rank."""
+    folder = Folder(1 << 20)
+    folder.plan(NodePlan(True, {}))
+    ident = bytes([7])
+    assert folder.hello(ident, (0, 5)) == []
+    first = _batch(0, (0, True, {"a": 1.0}))
+    assert folder.records(ident, first, 0.0) == [[ident, first]]
+    folder.welcome(ident, 7)
+    for seq in range(1, 5):
+        resent = _batch(seq, (seq, True, {"a": 1.0}))
+        assert folder.records(ident, resent, 0.0) == [[ident, resent]]
+    fresh = _batch(5, (5, True, {"a": 1.0}))
+    assert folder.records(ident, fresh, 0.0) == []  # held: folded at the next tick
+    assert len(folder.tick(1.0)) == 1 and folder.folded == 1
+
+
+def test_a_leaving_node_logger_sends_what_it_holds_as_it_came() -> None:
+    folder = _folder(6)
+    ident = bytes([6])
+    folder.records(ident, _batch(0, (0, True, {"w": 0})), 0.0)
+    held = _batch(1, (1, False, {"a": 1.0}))
+    assert folder.records(ident, held, 0.0) == []
+    assert folder.leaving() == [[ident, held]]
+    assert folder.tick(10.0) == []
+
+
+def test_a_folded_frame_stays_within_its_budget_and_a_big_batch_goes_as_it_came() -> None:
+    folder = Folder(64 * 1024)  # a budget of 16 KiB
+    folder.plan(NodePlan(True, {}))
+    keys = {f"k{i}": float(i) for i in range(20)}
+    for rank in range(16):  # 16 ranks x 4 steps x 20 keys: about 130 KB of states
+        ident = bytes([rank])
+        folder.welcome(ident, rank)
+        folder.records(ident, _batch(0, (0, True, {"w": 0})), 0.0)
+        folder.records(ident, _batch(1, *((s, True, keys) for s in range(1, 5))), 0.0)
+    big = _batch(5, (5, True, {"s": "x" * 20_000}))
+    assert folder.records(bytes([0]), big, 0.0) == []  # held; too big to fold
+    out = folder.tick(1.0)
+    frames = [m[-1] for m in out if len(m) == 1]
+    assert len(frames) > 1 and all(len(f) <= 16 * 1024 for f in frames)
+    assert [bytes([0]), big] in out
+    assert sum(len(_decode([f]).streams) for f in frames) == 16
+
+
+def test_a_refused_streams_frames_wait_for_its_hello_and_its_resend_is_taken(
+    tmp_path: Any,
+) -> None:
+    """The root refuses a Folded: the streams it names are asked to resend, and until their
+    hello says what they resend, their frames are not numbered (a raw batch after the refused
+    numbers would have them counted as skipped, and the resend ignored)."""
+    sock = LoggerSocket(f"ipc://{tmp_path}/r.sock", 100, 1 << 20)
+    try:
+        rx = Receiver(sock, "t", 1 << 20, 1000)
+        rx._handle(b"s", Hello("t", 1, "h", 3, None))
+        peer = rx.streams.peers[b"s"]
+        rx._handle(b"n", Folded([[b"s", 2, 3, 0, 1]], [], 0, []))  # not its next numbers
+        assert peer.resending and rx.refused_folded == 1
+        rx._handle(b"s", codec.decode(_batch(3, (3, True, {"a": 1.0})), 1 << 20))
+        assert (peer.next_seq, peer.received, peer.dropped) == (0, 0, 0)
+        rx._handle(b"s", Hello("t", 1, "h", 3, None, (0, 4)))
+        assert not peer.resending
+        rx._handle(b"s", codec.decode(_batch(0, (0, True, {"a": 1.0})), 1 << 20))
+        assert (peer.next_seq, peer.received, peer.dropped) == (1, 1, 0)
+    finally:
+        sock.close()

@@ -103,3 +103,13 @@ def test_the_sum_is_rounded_once_from_the_exact_partials() -> None:
     assert want == -1.0000000000000002e16
     assert merged.value("sum") == want
     assert merged.value("mean") == want / 5
+
+
+def test_a_sum_past_the_largest_float_is_that_infinity_and_still_crosses_the_wire() -> None:
+    """Flat: ``fsum`` overflows and plain addition gives inf. A state gives inf too, and a
+    node's state that overflowed is still one the root takes (not refused as malformed)."""
+    state = KeyState(0, 1e308)
+    state.add(1, 1e308)
+    again = KeyState.from_wire(state.to_wire())
+    for name in ("mean", "sum"):
+        assert again.value(name) == _reduce(name, [1e308, 1e308], [0, 1]) == math.inf

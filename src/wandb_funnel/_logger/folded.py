@@ -44,8 +44,6 @@ def admit(streams: Streams, folded: Folded) -> tuple[list[Peer], FoldedRecords] 
     try:
         for step, committed, records, wire, parts in folded.steps:
             states = {key: KeyState.from_wire(state) for key, state in wire.items()}
-            if any(key in states for _, part in parts for key in part):
-                return "a key both pre-reduced and as it came at one step"
             steps.append((step, committed, records, states, parts))
     except ValueError as exc:
         return str(exc)

@@ -239,15 +239,15 @@ class Receiver(threading.Thread):
             new = self.nodes.new(identity)
             if not self.nodes.seen(identity, message, self._token):
                 self.rejected_peers += 1
-            elif new:  # whether, and how, it pre-reduces
-                self._sock.reply(identity, self._plan)
+            elif new or not message.folded:  # whether, and how, it pre-reduces (again, while
+                self._sock.reply(identity, self._plan)  # it has not: the word may be lost)
             return
         if isinstance(message, Folded):
             self._folded(identity, message)
             return
         peer = self._peers.get(identity)
-        if peer is None:
-            if self._generation:
+        if peer is None or peer.resending:
+            if peer is not None or self._generation:
                 self._stranger(identity)
             else:  # never said hello (or was rejected): junk, counted
                 self.junk_frames += 1
@@ -279,6 +279,7 @@ class Receiver(threading.Thread):
             log_to_stderr(f"refused a node's pre-reduced batches ({refused}); they are resent")
             for identity, *_ in message.streams:
                 self._sock.routes.setdefault(identity, route)
+                self.streams.resend(identity)
                 self._stranger(identity)
 
     def _stranger(self, identity: bytes) -> None:

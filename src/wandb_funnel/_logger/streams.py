@@ -41,6 +41,9 @@ class Peer:
     replay_until: int = 0  # records below this were resent to this logger
     dropped: int = 0  # this stream's records counted as dropped
     gone: bool = False  # died without a goodbye
+    # Asked to resend (a node's pre-reduced batches of it were refused): until its hello
+    # says what it resends, its frames are not numbered (they would skip what it resends).
+    resending: bool = False
 
 
 class Numbered(NamedTuple):
@@ -80,6 +83,7 @@ class Streams:
         if peer is not None:
             if resume is not None:  # asked twice: the second resend repeats the first
                 peer.replay_until = max(peer.replay_until, resume[1])
+                peer.resending = False
             return peer, False, 0
         rank = hello.requested_rank
         taken = rank in self.used_ranks and (resume is None or self._rank_live(rank))
@@ -91,6 +95,12 @@ class Streams:
         peer = self.peers[identity] = Peer(rank, hello.pid, hello.host, hello.pid_start, now)
         lost = self._resumed(peer, resume) if resume is not None else 0
         return peer, True, lost
+
+    def resend(self, identity: bytes) -> None:
+        """``identity`` is asked to resend what is not saved: its frames wait for its hello."""
+        peer = self.peers.get(identity)
+        if peer is not None:
+            peer.resending = True
 
     def _rank_live(self, rank: int) -> bool:
         return any(p.rank == rank and not p.ended for p in self.peers.values())

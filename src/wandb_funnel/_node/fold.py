@@ -40,6 +40,8 @@ FOLD_PERIOD = 0.2  # seconds between Folded frames (the root's cost is per frame
 HOLD_FOR = 1.0  # a batch whose step stays open this long goes to the root as it came
 _INT_LIMIT = 1 << 52
 _SAID_MAX = 1_000  # (rank, key) pairs whose first non-finite value is said
+_STATE_BYTES = 100  # a key's state on the wire, at most (about 70 bytes)
+_MAX_STEPS = node_wire.MAX_FOLDED_STREAMS // 2  # steps in one Folded (the root takes 65,536)
 
 Out = list[list[bytes]]  # messages to the root, in order: [identity, frame] or [frame]
 
@@ -47,7 +49,7 @@ Out = list[list[bytes]]  # messages to the root, in order: [identity, frame] or 
 class _Batch(NamedTuple):
     first: int
     end: int
-    records: list[tuple[int, bool, dict[str, Any]]]  # flattened data
+    records: list[tuple[int, bool, dict[str, Any]]]
     frame: bytes  # as it came, should it go so after all
     low: int
     high: int
@@ -90,6 +92,8 @@ class Folder:
         self._said: list[list[Any]] = []
         self._seen: set[tuple[int, str]] = set()
         self._due = 0.0
+        self._size = 0  # the next Folded's bytes, over-estimated
+        self._budget = max_frame // 4
         self.folded = 0  # batches sent folded
 
     def plan(self, plan: NodePlan) -> None:
@@ -102,9 +106,9 @@ class Folder:
     def hello(self, identity: bytes, resume: tuple[int, int] | None) -> Out:
         """A stream says hello again; with ``resume`` (a logger restarted) it resends what is
         unsaved, its held batches among them: they are forgotten here."""
-        stream = self._streams.get(identity)
-        if stream is None or resume is None:
+        if resume is None:
             return []
+        stream = self._stream(identity)  # (a successor knows no stream yet)
         out = self._flush_for(identity)
         stream.held.clear()
         stream.until = max(stream.until, resume[1])
@@ -132,8 +136,8 @@ class Folder:
         held = self._foldable(stream, batch, frame, now)
         if held is None:  # what it closed folds first: what it did not goes as it came too
             low = min(r[0] for r in batch.records)
-            self._cut(identity, stream, self._closed(stream, low))
-            out = self._flush_for(identity) + self._release(identity, stream)
+            out = self._fold(identity, stream, self._cuts(stream, low))
+            out += self._flush_for(identity) + self._release(identity, stream)
             out.append([identity, frame])
             stream.raw_through = max(stream.raw_through, *(r[0] for r in batch.records))
         else:
@@ -144,10 +148,22 @@ class Folder:
 
     def goodbye(self, identity: bytes) -> Out:
         """Before a stream's goodbye: all it holds (it logs no more: every step is closed)."""
-        stream = self._streams.get(identity)
-        if stream is not None and stream.held:
-            self._cut(identity, stream, len(stream.held))
-        return self._flush_for(identity)
+        stream = self._streams.pop(identity, None)
+        if stream is None:
+            return []
+        out = self._fold(identity, stream, self._cuts(stream, final=True))
+        return out + self._flush_for(identity) + self._release(identity, stream)
+
+    def leaving(self) -> Out:
+        """This node logger leaves: what it holds goes now, as it came (a rank killed
+        outright says no goodbye; its held batches must not die here)."""
+        out: Out = []
+        for identity, stream in self._streams.items():
+            if stream.held:
+                out += self._flush_for(identity) + self._release(identity, stream)
+        if self._entries:
+            out.append(self._take())
+        return out
 
     def tick(self, now: float) -> Out:
         """Every ``FOLD_PERIOD``: what can be folded is, and sent; what waited too long goes
@@ -158,7 +174,7 @@ class Folder:
         out: Out = []
         for identity, stream in self._streams.items():
             if stream.held:
-                self._cut(identity, stream, self._closed(stream))
+                out += self._fold(identity, stream, self._cuts(stream))
                 if stream.held and now - stream.held[0].at >= HOLD_FOR:
                     out += self._flush_for(identity) + self._release(identity, stream)
         if self._entries:
@@ -181,32 +197,59 @@ class Folder:
         if batch.first_seq < stream.until:
             return None
         below = max(stream.raw_through, stream.folded_through)
-        records = [(step, committed, flatten(data)) for step, committed, data in batch.records]
+        records = [(step, committed, data) for step, committed, data in batch.records]
         if any(record[0] <= below for record in records):
             return None
         steps = [r[0] for r in records]
         end = batch.first_seq + len(records)
         return _Batch(batch.first_seq, end, records, frame, min(steps), max(steps), now)
 
+    def _fold(self, identity: bytes, stream: _Stream, cuts: list[int]) -> Out:
+        """Fold the most held batches that ``cuts`` allows (counts from the first, each
+        closing a step), keeping each Folded within a quarter of the largest frame (the root
+        disconnects a peer past it): the next one is begun when this one is full, and what
+        is too big for any goes as it came. Returns what must go now."""
+        if not cuts:
+            return []
+        size = steps = 0
+        fits: dict[int, tuple[int, int]] = {0: (0, 0)}
+        for i, batch in enumerate(stream.held[: cuts[-1]]):
+            size += len(batch.frame) + _STATE_BYTES * sum(len(r[2]) for r in batch.records)
+            steps += len(batch.records)
+            if size > self._budget or steps > _MAX_STEPS:
+                break
+            fits[i + 1] = (size, steps)
+        count = max(c for c in (0, *cuts) if c in fits)
+        size, steps = fits[count]
+        full = self._size + size > self._budget or len(self._steps) + steps > _MAX_STEPS
+        out = [self._take()] if self._entries and full else []
+        if count:
+            self._size += size
+            self._cut(identity, stream, count)
+        if count < cuts[-1]:  # a batch too big to fold: it, and what follows, as they came
+            out += self._flush_for(identity) + self._release(identity, stream)
+        return out
+
     @staticmethod
-    def _closed(stream: _Stream, next_low: int | None = None) -> int:
-        """How many held batches from the first can be folded: all whose steps the rank has
-        left, and after which no record comes at one of those steps (held, or the batch
-        that came next, from ``next_low`` on)."""
+    def _cuts(stream: _Stream, next_low: int | None = None, final: bool = False) -> list[int]:
+        """Where the held batches may be cut: after a batch whose steps the rank has left
+        (every one, ``final``: it ended), and after which no record comes at one of those
+        steps (held, or the batch that came next, from ``next_low`` on)."""
         held = stream.held
         lows = [batch.low for batch in held]
         if next_low is not None:
             lows.append(next_low)
         for i in range(len(lows) - 2, -1, -1):  # the lowest step from each batch on
             lows[i] = min(lows[i], lows[i + 1])
-        count = top = 0
+        cuts = []
+        top = 0
         for i, batch in enumerate(held):
             top = max(top, batch.high)
-            if top >= stream.floor:
+            if top >= stream.floor and not final:
                 break
             if i + 1 == len(lows) or lows[i + 1] > top:
-                count = i + 1
-        return count
+                cuts.append(i + 1)
+        return cuts
 
     def _cut(self, identity: bytes, stream: _Stream, count: int) -> None:
         """Fold the first ``count`` held batches of ``stream`` into the next Folded."""
@@ -221,7 +264,8 @@ class Folder:
                 if part is None:
                     parts[step] = data
                 else:
-                    part.update(data)  # the same rank at the same step: later keys win
+                    part.update(data)  # the same rank at the same step: later keys win (as
+                    # ordering.Row does: nested dicts are replaced whole, then flattened)
                 fold = steps.get(step)
                 if fold is None:
                     fold = steps[step] = _Step()
@@ -230,7 +274,7 @@ class Folder:
         rank = stream.rank
         assert rank is not None  # (held only once the Welcome named it)
         for step, part in parts.items():
-            self._fold_part(steps[step], rank, step, part)
+            self._fold_part(steps[step], rank, step, flatten(part))
         top = max(batch.high for batch in batches)
         stream.folded_through = max(stream.folded_through, top)
         floor = min([stream.floor, *(batch.low for batch in stream.held)])
@@ -296,4 +340,5 @@ class Folder:
         ]
         folded = Folded(list(self._entries.values()), steps, self._nonfinite, self._said)
         self._steps, self._entries, self._nonfinite, self._said = {}, {}, 0, []
+        self._size = 0
         return [node_wire.encode_folded(folded)]

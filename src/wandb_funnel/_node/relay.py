@@ -248,6 +248,9 @@ class NodeRelay:
             return False
         if self._leaving_since is None:
             self._leaving_since = now
+        # Nothing is held back from here on (a rank killed outright says no goodbye).
+        self._send(self.folder.leaving())
         if any(_pid.pid_alive(pid) for pid in set(self.streams.values())):
             return now - self._leaving_since >= EXIT_LINGER
-        return not self._out
+        # (bounded: a root that takes nothing more must not keep this process for ever)
+        return not self._out or now - self._leaving_since >= EXIT_LINGER

@@ -145,8 +145,20 @@ class KeyState:
             else:
                 self.ninf += 1
         else:
-            _add_partial(self.partials, as_float)
+            self._add_float(as_float)
         self._extremes(value, rank, value, rank)
+
+    def _add_float(self, x: float) -> None:
+        """``x`` into the exact sum; a sum past the largest float is kept as that infinity
+        (as the flat funnel's plain addition gives it; not exact: see the module's docstring)."""
+        partials = self.partials
+        _add_partial(partials, x)
+        if not math.isfinite(partials[-1]):  # the largest partial overflowed
+            if partials[-1] > 0:
+                self.pinf += 1
+            else:
+                self.ninf += 1
+            partials.clear()
 
     def _extremes(self, low: Any, low_rank: int, high: Any, high_rank: int) -> None:
         if self.low is None or low < self.low or (low == self.low and low_rank < self.low_rank):
@@ -167,7 +179,7 @@ class KeyState:
         self.ints = self.ints and other.ints
         self.int_sum += other.int_sum
         for p in other.partials:
-            _add_partial(self.partials, p)
+            self._add_float(p)
         self.nan += other.nan
         self.pinf += other.pinf
         self.ninf += other.ninf
@@ -182,7 +194,10 @@ class KeyState:
             return math.inf
         if self.ninf:
             return -math.inf
-        return math.fsum(self.partials)
+        try:
+            return math.fsum(self.partials)
+        except OverflowError:  # (non-overlapping finite partials: not expected)
+            return float(sum(self.partials))
 
     def _extreme(self, value: Any, rank: int) -> tuple[Any, int]:
         """Python's min/max in rank order: a NaN first stands; else the extreme found."""
