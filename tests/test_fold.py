@@ -17,7 +17,7 @@ from wandb_funnel._logger.say import Drops
 from wandb_funnel._logger.streams import Streams
 from wandb_funnel._node.fold import HOLD_FOR, Folder
 from wandb_funnel._protocol import codec
-from wandb_funnel._protocol.messages import Folded, Hello, NodePlan
+from wandb_funnel._protocol.messages import Folded, Hello, NodePlan, Update, UpdateKind
 from wandb_funnel._protocol.sockets import LoggerSocket
 
 REDUCE = {"peak": "max", "t": "spread"}
@@ -233,9 +233,46 @@ def test_a_refused_streams_frames_wait_for_its_hello_and_its_resend_is_taken(
         assert peer.resending and rx.refused_folded == 1
         rx._handle(b"s", codec.decode(_batch(3, (3, True, {"a": 1.0})), 1 << 20))
         assert (peer.next_seq, peer.received, peer.dropped) == (0, 0, 0)
+        # with no room for records it is not counted as dropped from its header either
+        rx.events.reserve(1000)
+        assert not rx._skip_batch(b"s", _batch(3, (3, True, {"a": 1.0})))
+        rx.events.taken(1000)
+        # what it never resends (an update: config, console, ...) is taken meanwhile
+        rx._handle(b"s", Update(UpdateKind.CONFIG, {"lr": 1}))
+        rx.events.flush()
+        assert [type(e).__name__ for e in rx.events.get(0.1)] == ["Attached", "Update"]
+        # asked again (a REHELLO may be lost) until it says hello with what it resends
+        assert rx.streams.still_resending() == [b"s"]
         rx._handle(b"s", Hello("t", 1, "h", 3, None, (0, 4)))
-        assert not peer.resending
+        assert not peer.resending and rx.streams.still_resending() == []
         rx._handle(b"s", codec.decode(_batch(0, (0, True, {"a": 1.0})), 1 << 20))
         assert (peer.next_seq, peer.received, peer.dropped) == (1, 1, 0)
     finally:
         sock.close()
+
+
+def test_the_floor_sent_stays_below_a_batch_that_goes_as_it_came() -> None:
+    """A gap (the rank dropped records) sends the next batch as it came, with a step below
+    the floor its held batches reached: the Folded before it must not let the root pass it."""
+    folder = _folder(8)
+    ident = bytes([8])
+    folder.records(ident, _batch(0, (0, True, {"w": 0})), 0.0)
+    folder.records(ident, _batch(1, (5, False, {"a": 1.0})), 0.0)  # held: step 5 open
+    # the rank dropped records 2..8; its next batch closes step 5, and brings steps 6 to 8
+    after_gap = _batch(9, (6, False, {"a": 2.0}), (8, True, {"a": 3.0}))
+    out = folder.records(ident, after_gap, 0.0)
+    assert out[-1] == [ident, after_gap] and len(out) == 2
+    (entry,) = _decode(out[0]).streams
+    assert entry[1:3] == [1, 2] and entry[4] == 6  # the floor: not 9, past step 6
+
+
+def test_nested_values_count_in_a_folded_frames_size() -> None:
+    folder = Folder(64 * 1024)  # a budget of 16 KiB
+    folder.plan(NodePlan(True, {}))
+    ident = bytes([1])
+    folder.welcome(ident, 1)
+    folder.records(ident, _batch(0, (0, True, {"w": 0})), 0.0)
+    nested = _batch(1, (1, True, {"g": {f"k{i}": i for i in range(1_500)}}))
+    assert len(nested) < 16 * 1024  # small as it came; 1,500 states folded
+    folder.records(ident, nested, 0.0)
+    assert folder.tick(1.0) == [[ident, nested]]

@@ -217,7 +217,7 @@ class Receiver(threading.Thread):
         (Its records are not checked: a malformed batch is counted as dropped, not junk.)"""
         peer = self._peers.get(identity)
         header = codec.peek_batch(frame) if len(frame) <= self._max_frame else None
-        if peer is None or header is None or self.events.fits(header[1]):
+        if peer is None or peer.resending or header is None or self.events.fits(header[1]):
             return False
         peer.last_seen = time.monotonic()
         self._records(peer, header[0], header[1], None)
@@ -246,7 +246,7 @@ class Receiver(threading.Thread):
             self._folded(identity, message)
             return
         peer = self._peers.get(identity)
-        if peer is None or peer.resending:
+        if peer is None or (peer.resending and isinstance(message, RecordBatch | Goodbye)):
             if peer is not None or self._generation:
                 self._stranger(identity)
             else:  # never said hello (or was rejected): junk, counted
@@ -280,6 +280,7 @@ class Receiver(threading.Thread):
             for identity, *_ in message.streams:
                 self._sock.routes.setdefault(identity, route)
                 self.streams.resend(identity)
+                self._asked.pop(identity, None)  # asked now, whenever it was asked last
                 self._stranger(identity)
 
     def _stranger(self, identity: bytes) -> None:
@@ -339,6 +340,8 @@ class Receiver(threading.Thread):
         self.drops.count(count, why, rank)
 
     def _check_liveness(self) -> None:
+        for identity in self.streams.still_resending():  # a REHELLO may be lost: again
+            self._stranger(identity)
         refused = self._sock.handshake_failures()
         if refused:
             self.auth_failures += refused

@@ -68,6 +68,7 @@ class Streams:
         used_ranks: set[int] | None = None,
     ) -> None:
         self.peers: dict[bytes, Peer] = {}
+        self.resending: set[bytes] = set()  # streams asked to resend, not yet resending
         self.used_ranks: set[int] = set(used_ranks or ())
         # A restarted logger: every rank's records below saved[rank] are in the run already.
         self._saved_before = dict(saved or {})
@@ -84,6 +85,7 @@ class Streams:
             if resume is not None:  # asked twice: the second resend repeats the first
                 peer.replay_until = max(peer.replay_until, resume[1])
                 peer.resending = False
+                self.resending.discard(identity)
             return peer, False, 0
         rank = hello.requested_rank
         taken = rank in self.used_ranks and (resume is None or self._rank_live(rank))
@@ -97,10 +99,20 @@ class Streams:
         return peer, True, lost
 
     def resend(self, identity: bytes) -> None:
-        """``identity`` is asked to resend what is not saved: its frames wait for its hello."""
+        """``identity`` is asked to resend what is not saved: its batches and goodbye wait
+        for its hello (``resending`` until then: asked again until it answers or ends)."""
         peer = self.peers.get(identity)
-        if peer is not None:
+        if peer is not None and not peer.ended:
             peer.resending = True
+            self.resending.add(identity)
+
+    def still_resending(self) -> list[bytes]:
+        """The streams asked to resend that have not begun to (and have not ended)."""
+        for identity in list(self.resending):
+            peer = self.peers.get(identity)
+            if peer is None or peer.ended or not peer.resending:
+                self.resending.discard(identity)
+        return list(self.resending)
 
     def _rank_live(self, rank: int) -> bool:
         return any(p.rank == rank and not p.ended for p in self.peers.values())

@@ -49,11 +49,12 @@ Out = list[list[bytes]]  # messages to the root, in order: [identity, frame] or 
 class _Batch(NamedTuple):
     first: int
     end: int
-    records: list[tuple[int, bool, dict[str, Any]]]
+    records: list[list[Any]]  # [step, committed, data], as decoded
     frame: bytes  # as it came, should it go so after all
     low: int
     high: int
     at: float
+    size: int  # its bytes in a Folded, over-estimated (its frame, and a state per value)
 
 
 class _Stream:
@@ -136,7 +137,7 @@ class Folder:
         held = self._foldable(stream, batch, frame, now)
         if held is None:  # what it closed folds first: what it did not goes as it came too
             low = min(r[0] for r in batch.records)
-            out = self._fold(identity, stream, self._cuts(stream, low))
+            out = self._fold(identity, stream, self._cuts(stream, low), low)
             out += self._flush_for(identity) + self._release(identity, stream)
             out.append([identity, frame])
             stream.raw_through = max(stream.raw_through, *(r[0] for r in batch.records))
@@ -197,37 +198,44 @@ class Folder:
         if batch.first_seq < stream.until:
             return None
         below = max(stream.raw_through, stream.folded_through)
-        records = [(step, committed, data) for step, committed, data in batch.records]
+        records = batch.records
         if any(record[0] <= below for record in records):
             return None
         steps = [r[0] for r in records]
+        values = sum(len(flatten(r[2])) for r in records)
+        size = len(frame) + _STATE_BYTES * values
         end = batch.first_seq + len(records)
-        return _Batch(batch.first_seq, end, records, frame, min(steps), max(steps), now)
+        return _Batch(batch.first_seq, end, records, frame, min(steps), max(steps), now, size)
 
-    def _fold(self, identity: bytes, stream: _Stream, cuts: list[int]) -> Out:
-        """Fold the most held batches that ``cuts`` allows (counts from the first, each
+    def _fold(
+        self, identity: bytes, stream: _Stream, cuts: list[int], next_low: int | None = None
+    ) -> Out:
+        """Fold the held batches up to the last of ``cuts`` (counts from the first, each
         closing a step), keeping each Folded within a quarter of the largest frame (the root
-        disconnects a peer past it): the next one is begun when this one is full, and what
-        is too big for any goes as it came. Returns what must go now."""
-        if not cuts:
-            return []
-        size = steps = 0
-        fits: dict[int, tuple[int, int]] = {0: (0, 0)}
-        for i, batch in enumerate(stream.held[: cuts[-1]]):
-            size += len(batch.frame) + _STATE_BYTES * sum(len(r[2]) for r in batch.records)
-            steps += len(batch.records)
-            if size > self._budget or steps > _MAX_STEPS:
-                break
-            fits[i + 1] = (size, steps)
-        count = max(c for c in (0, *cuts) if c in fits)
-        size, steps = fits[count]
-        full = self._size + size > self._budget or len(self._steps) + steps > _MAX_STEPS
-        out = [self._take()] if self._entries and full else []
-        if count:
-            self._size += size
-            self._cut(identity, stream, count)
-        if count < cuts[-1]:  # a batch too big to fold: it, and what follows, as they came
-            out += self._flush_for(identity) + self._release(identity, stream)
+        disconnects a peer past it): a full one goes, and the next is begun; what does not
+        fit even an empty one goes as it came, with what follows it. ``next_low``: the lowest
+        step of a batch about to go as it came (the floor sent stays below it). Returns what
+        must go now."""
+        out: Out = []
+        while cuts:
+            room = self._budget - self._size
+            steps_room = _MAX_STEPS - len(self._steps)
+            count = size = steps = 0
+            for cut in cuts:
+                more = stream.held[count:cut]
+                more_size = size + sum(b.size for b in more)
+                more_steps = steps + sum(len(b.records) for b in more)
+                if more_size > room or more_steps > steps_room:
+                    break
+                count, size, steps = cut, more_size, more_steps
+            if count:
+                self._size += size
+                self._cut(identity, stream, count, next_low)
+                cuts = [cut - count for cut in cuts if cut > count]
+            elif self._entries:
+                out.append(self._take())  # full: the next cut begins a new one
+            else:
+                return out + self._release(identity, stream)
         return out
 
     @staticmethod
@@ -251,7 +259,9 @@ class Folder:
                 cuts.append(i + 1)
         return cuts
 
-    def _cut(self, identity: bytes, stream: _Stream, count: int) -> None:
+    def _cut(
+        self, identity: bytes, stream: _Stream, count: int, next_low: int | None = None
+    ) -> None:
         """Fold the first ``count`` held batches of ``stream`` into the next Folded."""
         if not count:
             return
@@ -277,7 +287,10 @@ class Folder:
             self._fold_part(steps[step], rank, step, flatten(part))
         top = max(batch.high for batch in batches)
         stream.folded_through = max(stream.folded_through, top)
-        floor = min([stream.floor, *(batch.low for batch in stream.held)])
+        # The rank logs nothing below its floor from now on, but records still held here, or
+        # about to go as they came, may be below it: the root must not pass them.
+        lows = [batch.low for batch in stream.held]
+        floor = min([stream.floor, *lows, *([] if next_low is None else [next_low])])
         entry = self._entries.get(identity)
         if entry is None:
             self._entries[identity] = [identity, batches[0].first, batches[-1].end, top, floor]
