@@ -2,7 +2,7 @@
 (null sink), through the node tier and flat, side by side at the same load.
 
     python benchmarks/nodes.py --nodes 2048 --ranks-per-node 8 --keys 50 --rate 10 \\
-        --seconds 20 [--tier all|folded|node|flat] [--producers 4]
+        --seconds 20 [--tier all|folded,node,flat] [--producers 4]
 
 The ranks are simulated by ``--producers`` processes, each holding its share of the nodes:
 
@@ -281,7 +281,9 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tier", choices=["all", "folded", "node", "flat"], default="all")
+    parser.add_argument(
+        "--tier", default="all", help="all, or a comma-separated list of folded, node, flat"
+    )
     parser.add_argument("--nodes", type=int, default=2048)
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--keys", type=int, default=50)
@@ -291,7 +293,10 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["WANDB_FUNNEL_SINK"] = "null"
     os.environ.setdefault("WANDB_MODE", "offline")
-    for tier in ("folded", "node", "flat") if args.tier == "all" else (args.tier,):
+    tiers = ("folded", "node", "flat") if args.tier == "all" else args.tier.split(",")
+    if not set(tiers) <= {"folded", "node", "flat"}:
+        parser.error(f"--tier: {args.tier!r} is not all, or a list of folded, node, flat")
+    for tier in tiers:
         report(**one(tier, args))
 
 
