@@ -229,10 +229,12 @@ class Fuzz:
         s = self.rng.choice(self.seeds)
         return s[: self.rng.randrange(len(s))]
 
-    def wrong_version(self) -> bytes:  # anything that is not == 1 (True and 1.0 are == 1)
+    def wrong_version(self) -> bytes:
+        """Anything that is not == PROTOCOL_VERSION (a float or bool equal to it would be)."""
         header, rest = split_header(self.rng.choice(self.seeds))
+        v = PROTOCOL_VERSION
         header[0] = self.rng.choice(
-            [0, 2, 3, 255, -1, 2**40, "1", None, [1], {"v": 1}, b"\x01", 1.5]
+            [0, v - 1, v + 1, 255, -1, 2**40, str(v), None, [v], {"v": v}, bytes([v]), v + 0.5]
         )
         return packb(header) + rest
 
