@@ -12,7 +12,8 @@ The ranks are simulated by ``--producers`` processes, each holding its share of 
   frames as ``[rank identity, frame]`` and a NodeHello a second: what a node logger forwards
   when it does not pre-reduce (``_node/relay.py``), without 2,048 processes on one box;
 - **folded**: the same DEALERs, sending what a node logger that pre-reduces sends
-  (``_node/fold.py``): every 0.2 s one ``Folded`` frame per node, its ranks' steps of that
+  (``_node/fold.py``): one ``Folded`` frame per node every period the root tells a job of
+  that many nodes (``_logger/nodes.fold_period``), its ranks' steps of that
   time folded into one state per key (built with the real ``KeyState``s, once per node: the
   ranks log the same values every step, so only the frame is packed each time).
 
@@ -74,10 +75,12 @@ def _producer(
     attach: dict[str, Any],
     start: Any,
     ready: Any,
+    total_nodes: int,
 ) -> None:
     import zmq
 
-    from wandb_funnel._protocol import codec, node_wire
+    from wandb_funnel._logger.nodes import fold_period
+    from wandb_funnel._protocol import codec, columns, node_wire
     from wandb_funnel._protocol.mergeable import KeyState
     from wandb_funnel._protocol.messages import Folded, Goodbye, Hello, NodeHello
     from wandb_funnel._protocol.sockets import NODE_PREFIX, STREAM_PREFIX
@@ -130,8 +133,9 @@ def _producer(
     ready.put(len(ranks))
     t0 = start.get()
     data = {f"k{i:02d}": float(i) for i in range(keys)}
-    # folded: each node's ranks' states of one step (the same at every step), and its streams
-    fold_every = max(1, round(rate * 0.2))
+    # folded: each node's ranks' states of one step (the same at every step), and its streams,
+    # every period the root tells a job of this many nodes
+    fold_every = max(1, round(rate * fold_period(total_nodes)))
     folds = []
     for up, _ in node_socks if tier == "folded" else []:
         mine = [(prefix[0], rank) for s, prefix, rank in ranks if s is up]
@@ -142,13 +146,16 @@ def _producer(
                     states[key].add(rank, value)
                 else:
                     states[key] = KeyState(rank, value)
-        folds.append((up, mine, {k: v.to_wire() for k, v in states.items()}))
+        folds.append((up, mine, [columns.state_row(v) for v in states.values()]))
 
     def send_folded(first: int, end: int) -> None:
-        for up, mine, wire in folds:
+        for up, mine, rows in folds:
             streams = [[identity, first, end, end - 1, end] for identity, _ in mine]
-            steps_ = [[s, True, len(mine), wire, []] for s in range(first, end)]
-            up.send(node_wire.encode_folded(Folded(streams, steps_, 0, [])))
+            steps_ = [[s, True, len(mine), 0, []] for s in range(first, end)]
+            folded = Folded(
+                streams, steps_, 0, [], [list(data)], columns.pack(rows * (end - first))
+            )
+            up.send(node_wire.encode_folded(folded))
 
     behind = 0.0
     next_beat = time.monotonic() + 1.0
@@ -228,7 +235,7 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
         ctx.Process(
             target=_producer,
             args=(tier, nodes, args.ranks_per_node, args.keys, args.rate, steps, attach),
-            kwargs={"start": start, "ready": ready},
+            kwargs={"start": start, "ready": ready, "total_nodes": args.nodes},
         )
         for nodes in share
     ]

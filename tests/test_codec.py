@@ -202,6 +202,7 @@ def test_every_message_kind_has_one_decoder_and_an_unknown_kind_is_named() -> No
         "NODE",
         "FOLDED",
         "NODE_PLAN",
+        "NODE_SAVED",
     ]
     kinds = [getattr(messages, name) for name in names] + list(UpdateKind)
     assert len(set(kinds)) == len(kinds)  # no two kinds share a number

@@ -16,7 +16,8 @@ from wandb_funnel._logger.reduce import RowBuilder
 from wandb_funnel._logger.say import Drops
 from wandb_funnel._logger.streams import Streams
 from wandb_funnel._node.fold import HOLD_FOR, Folder
-from wandb_funnel._protocol import codec
+from wandb_funnel._protocol import codec, columns
+from wandb_funnel._protocol.mergeable import KeyState
 from wandb_funnel._protocol.messages import Folded, Hello, NodePlan, Update, UpdateKind
 from wandb_funnel._protocol.sockets import LoggerSocket
 
@@ -37,6 +38,13 @@ def _folder(*ranks: int) -> Folder:
 
 def _decode(message: list[bytes]) -> Any:
     return codec.decode(message[-1], 1 << 20)
+
+
+def _states(frame: Folded) -> list[dict[str, KeyState]]:
+    """Each step's states in ``frame``, as the root reads them."""
+    keysets = [tuple(keys) for keys in frame.keysets]
+    which = [step[3] for step in frame.steps if step[3] >= 0]
+    return [columns.states([b]) for b in columns.unpack(keysets, which, frame.states)]
 
 
 def test_a_step_is_folded_once_the_rank_has_left_it_and_rows_equal_the_flat_funnels() -> None:
@@ -61,8 +69,8 @@ def test_a_step_is_folded_once_the_rank_has_left_it_and_rows_equal_the_flat_funn
     # step 1 is closed for both ranks (step 2 came); step 2 is still open: held
     assert [entry[1:] for entry in frame.streams] == [[1, 2, 1, 2], [1, 2, 1, 2]]
     assert [step[0] for step in frame.steps] == [1]
-    _, committed, records, states, parts = frame.steps[0]
-    assert (committed, records, sorted(states)) == (False, 2, ["loss", "peak"])
+    _, committed, records, keyset, parts = frame.steps[0]
+    assert (committed, records, sorted(frame.keysets[keyset])) == (False, 2, ["loss", "peak"])
     assert sorted((rank, sorted(part)) for rank, part in parts) == [(2, ["t"]), (3, ["t"])]
     for rank in (2, 3):  # goodbye: every held step folds, and goes before the goodbye
         (last,) = folder.goodbye(bytes([rank]))
@@ -78,8 +86,8 @@ def test_a_step_is_folded_once_the_rank_has_left_it_and_rows_equal_the_flat_funn
     assert not isinstance(taken, str)
     _, event = taken
     row = Row(1)
-    _, _, records, states, parts = event.steps[0]
-    row.add_states(states, parts, records, False)
+    _, _, records, block, parts = event.steps[0]
+    row.add_states(block, parts, records, False)
     flat = Row(1)
     for rank in (2, 3):
         flat.add(rank, dict(data[rank][0]), False)
@@ -119,14 +127,16 @@ def test_the_root_refuses_a_folded_frame_whose_numbers_are_not_the_streams_next(
     streams = Streams(first_auto_rank=0)
     peer, _, _ = streams.hello(b"s", Hello("t", 1, "h", 4, None), 0.0)
     peer.next_seq = 3
-    state = [1, 1.0, 4, False, 0, [1.0], 0, 0, 0, 1.0, 4, 1.0, 4]
+    states = columns.pack([columns.state_row(KeyState(4, 1.0))])
     events = EventQueue(1000)
 
     def frame(first: int, end: int) -> Folded:
-        return Folded([[b"s", first, end, 7, 8]], [[7, True, end - first, {"a": state}, []]], 0, [])
+        steps = [[7, True, end - first, 0, []]]
+        return Folded([[b"s", first, end, 7, 8]], steps, 0, [], [["a"]], states)
 
     assert "not its next" in (folded.take(streams, events, Drops(), frame(2, 3)) or "")
-    assert "does not know" in (folded.admit(streams, Folded([[b"x", 0, 1, 0, 0]], [], 0, [])) or "")
+    stranger = Folded([[b"x", 0, 1, 0, 0]], [], 0, [], [], b"")
+    assert "does not know" in (folded.admit(streams, stranger) or "")
     assert peer.next_seq == 3 and peer.received == 0  # nothing taken
     assert folded.take(streams, events, Drops(), frame(3, 4)) is None
     assert peer.next_seq == 4 and peer.received == 1
@@ -168,8 +178,8 @@ def test_nested_dicts_of_one_rank_at_one_step_merge_as_flat() -> None:
     batch = _batch(1, (1, False, {"a": {"b": 1.0, "c": 2.0}}), (1, True, {"a": {"b": 3.0}}))
     folder.records(ident, batch, 0.0)
     (message,) = folder.tick(1.0)
-    (step,) = _decode(message).steps
-    assert sorted(step[3]) == ["a.b"] and step[3]["a.b"][1] == 3.0
+    (states,) = _states(_decode(message))
+    assert sorted(states) == ["a.b"] and states["a.b"].first == 3.0
 
 
 def test_a_successors_stream_resending_is_never_folded() -> None:
@@ -229,7 +239,8 @@ def test_a_refused_streams_frames_wait_for_its_hello_and_its_resend_is_taken(
         rx = Receiver(sock, "t", 1 << 20, 1000)
         rx._handle(b"s", Hello("t", 1, "h", 3, None))
         peer = rx.streams.peers[b"s"]
-        rx._handle(b"n", Folded([[b"s", 2, 3, 0, 1]], [], 0, []))  # not its next numbers
+        # not its next numbers
+        rx._handle(b"n", Folded([[b"s", 2, 3, 0, 1]], [], 0, [], [], b""))
         assert peer.resending and rx.refused_folded == 1
         rx._handle(b"s", codec.decode(_batch(3, (3, True, {"a": 1.0})), 1 << 20))
         assert (peer.next_seq, peer.received, peer.dropped) == (0, 0, 0)
@@ -276,3 +287,16 @@ def test_nested_values_count_in_a_folded_frames_size() -> None:
     assert len(nested) < 16 * 1024  # small as it came; 1,500 states folded
     folder.records(ident, nested, 0.0)
     assert folder.tick(1.0) == [[ident, nested]]
+
+
+def test_a_node_logger_folds_once_a_period_as_the_root_said() -> None:
+    folder = Folder(1 << 20)
+    folder.plan(NodePlan(True, {}, 1.0))
+    ident = bytes([1])
+    folder.welcome(ident, 1)
+    folder.records(ident, _batch(0, (0, True, {"a": 1})), 0.0)
+    assert folder.tick(0.0) == []  # nothing held yet; the next is due a period on
+    folder.records(ident, _batch(1, (1, True, {"a": 2.0})), 0.1)
+    assert folder.tick(0.5) == []  # held, foldable, but not yet due
+    (message,) = folder.tick(1.0)
+    assert _states(_decode(message))[0]["a"].first == 2.0

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wandb_funnel._logger.reduce import _reduce, spread
+from wandb_funnel._protocol import columns
 from wandb_funnel._protocol.mergeable import KeyState
 
 REDUCERS = ("mean", "sum", "min", "max", "first")
@@ -110,6 +111,7 @@ def test_a_sum_past_the_largest_float_is_that_infinity_and_still_crosses_the_wir
     node's state that overflowed is still one the root takes (not refused as malformed)."""
     state = KeyState(0, 1e308)
     state.add(1, 1e308)
-    again = KeyState.from_wire(state.to_wire())
+    packed = columns.pack([columns.state_row(state)])
+    (again,) = columns.states(columns.unpack([("k",)], [0], packed)).values()
     for name in ("mean", "sum"):
         assert again.value(name) == _reduce(name, [1e308, 1e308], [0, 1]) == math.inf

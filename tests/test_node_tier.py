@@ -13,11 +13,20 @@ from collections.abc import Iterator
 import pytest
 
 from wandb_funnel import _private_dir
-from wandb_funnel._logger.nodes import Nodes
+from wandb_funnel._logger.nodes import Nodes, fold_period
 from wandb_funnel._logger.streams import Streams
 from wandb_funnel._node.relay import STREAMS_FILE, NodeRelay
 from wandb_funnel._protocol import codec, node_wire
-from wandb_funnel._protocol.messages import NODE, Hello, NodeHello, NodeStart, Rehello
+from wandb_funnel._protocol.messages import (
+    NODE,
+    Hello,
+    NodeHello,
+    NodePlan,
+    NodeSaved,
+    NodeStart,
+    Rehello,
+    Saved,
+)
 from wandb_funnel._protocol.sockets import (
     NODE_PREFIX,
     STREAM_PREFIX,
@@ -107,6 +116,13 @@ def test_a_ranks_frames_reach_the_root_as_its_own_and_replies_come_back(tier: Ti
     tier.pump()
     assert isinstance(codec.decode(b.recv_within(1.0) or b"", 1 << 10), Rehello)
     assert a.recv_within(0.1) is None
+    # the ranks' saved points, in one frame to the node logger: each rank gets its own
+    (route,) = set(tier.root.routes.values())
+    tier.root.reply(route, node_wire.encode_node_saved(NodeSaved([[a_id, 3], [b_id, 0]])))
+    tier.pump()
+    assert codec.decode(a.recv_within(1.0) or b"", 1 << 10) == Saved(3)
+    assert codec.decode(b.recv_within(1.0) or b"", 1 << 10) == Saved(0)
+    assert tier.relay.junk == 0
     # the streams it served are noted for a successor
     streams = json.loads((tier.node_dir / STREAMS_FILE).read_text())
     assert set(streams) == {a_id.hex(), b_id.hex()}
@@ -144,7 +160,7 @@ def test_the_node_logger_tells_the_root_what_it_forwarded_and_dropped(tier: Tier
     hello = codec.decode(frame, 1 << 10)
     assert isinstance(hello, NodeHello)
     assert (hello.forwarded, hello.stale, hello.junk) == (4, 0, 2)
-    nodes = Nodes(0, Streams(first_auto_rank=1), {})
+    nodes = Nodes(0, Streams(first_auto_rank=1), {}, NodePlan(False, {}))
     assert nodes.seen(route, hello, TOKEN)
     (_, node) = nodes.snapshot(time.monotonic())
     assert (node["forwarded"], node["stale"], node["junk"]) == (4, 0, 2)
@@ -189,7 +205,7 @@ def test_a_successor_asks_its_predecessors_streams_to_say_hello_again(
 def test_the_root_knows_each_node_its_logger_and_its_ranks() -> None:
     streams = Streams(first_auto_rank=4)
     routes: dict[bytes, bytes] = {}
-    nodes = Nodes(0, streams, routes)
+    nodes = Nodes(0, streams, routes, NodePlan(False, {}))
     now = time.monotonic()
     for rank in range(4):
         identity = bytes([1, rank])
@@ -256,3 +272,26 @@ def test_status_shows_each_node_with_its_logger_and_ranks() -> None:
     )
     funnel["nodes"] = None  # flat: no node lines
     assert "node " not in _status.render([funnel])
+
+
+def test_node_loggers_fold_less_often_as_the_job_grows_and_are_told_so() -> None:
+    """The root's plan: told on a node logger's first hello, again while it has folded
+    nothing, and again when the job has grown enough nodes that its period should be
+    longer (the root's cost is per frame); not at every hello."""
+    nodes = Nodes(0, Streams(first_auto_rank=0), {}, NodePlan(True, {"x": "max"}))
+
+    def hello(route: bytes, folded: int) -> NodePlan | None:
+        new = nodes.new(route)
+        node = int.from_bytes(route[1:], "big")
+        assert nodes.seen(route, NodeHello(TOKEN, node, "h", 1, folded=folded), TOKEN)
+        return nodes.plan(route, new, NodeHello(TOKEN, node, "h", 1, folded=folded))
+
+    first = b"\x03" + (1).to_bytes(2, "big")
+    assert hello(first, 0) == NodePlan(True, {"x": "max"}, 0.2)
+    assert hello(first, 0) == NodePlan(True, {"x": "max"}, 0.2)  # (it may not have heard)
+    assert hello(first, 5) is None
+    for node in range(2, 2049):
+        hello(b"\x03" + node.to_bytes(2, "big"), 5)
+    assert fold_period(2048) == 1.0
+    assert hello(first, 9) == NodePlan(True, {"x": "max"}, 1.0)
+    assert hello(first, 12) is None

@@ -241,7 +241,7 @@ class Fuzz:
     def wrong_types(self) -> bytes:
         """Valid msgpack, any kind, fields of the wrong types (may be valid: classified)."""
         rng = self.rng
-        kind = rng.choice([1, 2, 3, 4, 5, 6, 16, 17, 18, 21, 22, 23, 0, 7, 99, -1, "x", None])
+        kind = rng.choice([1, 2, 3, 4, 5, 6, 16, 17, 18, 21, 22, 23, 24, 0, 7, 99, -1, "x", None])
         body = [rng.choice(WRONG) for _ in range(rng.randrange(8))]
         if rng.random() < 0.1:
             return packb(rng.choice([{"v": 1}, "hello", 1, None, [1], [], b"raw"]))

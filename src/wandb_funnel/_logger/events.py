@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from wandb_funnel._protocol.columns import Block
 from wandb_funnel._protocol.messages import Record, UpdateKind
 
 
@@ -47,11 +48,12 @@ class Ended:
 class FoldedRecords:
     """A node logger's pre-reduced batches, taken whole (``_logger/folded.py``): per stream
     ``(rank, end_seq, top step, floor, records)``, per step ``(step, committed, records,
-    states, parts)`` (``parts``: ``[rank, data]``, what no state reduces), and the
+    states, parts)`` (``states``: a ``columns.Block`` or None; ``parts``: ``[rank, data]``,
+    what no state reduces), and the
     non-finite values among the states (``said``: the first of some)."""
 
     streams: list[tuple[int, int, int, int, int]]
-    steps: list[tuple[int, bool, int, dict[str, Any], list[list[Any]]]]
+    steps: list[tuple[int, bool, int, Block | None, list[list[Any]]]]
     nonfinite: int
     said: list[list[Any]]
     records: int

@@ -16,11 +16,22 @@ from typing import TYPE_CHECKING, Any
 
 from wandb_funnel._logger.events import EventQueue, FoldedRecords, Records
 from wandb_funnel._logger.say import Drops
-from wandb_funnel._protocol.mergeable import KeyState
+from wandb_funnel._protocol import columns
 from wandb_funnel._protocol.messages import Folded
 
 if TYPE_CHECKING:
     from wandb_funnel._logger.streams import Peer, Streams
+
+# Each distinct key set once, so that the nodes' blocks of a step group by identity
+# (``columns.merge``); forgotten past a bound (a job whose keys keep changing).
+_KEYSETS: dict[tuple[str, ...], tuple[str, ...]] = {}
+_KEYSETS_MAX = 4_096
+
+
+def _interned(keysets: list[list[str]]) -> list[tuple[str, ...]]:
+    if len(_KEYSETS) > _KEYSETS_MAX:
+        _KEYSETS.clear()
+    return [_KEYSETS.setdefault(keys, keys) for keys in map(tuple, keysets)]
 
 
 def admit(streams: Streams, folded: Folded) -> tuple[list[Peer], FoldedRecords] | str:
@@ -40,13 +51,16 @@ def admit(streams: Streams, folded: Folded) -> tuple[list[Peer], FoldedRecords] 
         seen.add(identity)
         peers.append(peer)
         entries.append((peer.rank, end, top, floor, end - first))
-    steps: list[tuple[int, bool, int, dict[str, Any], list[list[Any]]]] = []
+    keysets = _interned(folded.keysets)
+    which = [step[3] for step in folded.steps if step[3] >= 0]
     try:
-        for step, committed, records, wire, parts in folded.steps:
-            states = {key: KeyState.from_wire(state) for key, state in wire.items()}
-            steps.append((step, committed, records, states, parts))
+        blocks = iter(columns.unpack(keysets, which, folded.states))
     except ValueError as exc:
         return str(exc)
+    steps: list[tuple[int, bool, int, columns.Block | None, list[list[Any]]]] = [
+        (step, committed, records, next(blocks) if keyset >= 0 else None, parts)
+        for step, committed, records, keyset, parts in folded.steps
+    ]
     records = sum(entry[4] for entry in entries)
     if records != sum(step[2] for step in steps):
         return "its steps hold other records than its streams' numbers say"

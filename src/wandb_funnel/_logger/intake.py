@@ -64,11 +64,11 @@ class Intake:
         now = time.monotonic()
         writer = self._runs.for_rank(event.streams[0][0])
         late = self._close.past_write_deadline()
-        for step, committed, records, states, parts in event.steps:
+        for step, committed, records, block, parts in event.steps:
             if late:
                 writer.dropped += records
             else:
-                writer.order.add_states(step, committed, records, states, parts, now)
+                writer.order.add_states(step, committed, records, block, parts, now)
         for rank, end_seq, top, floor, count in event.streams:
             writer.order.rank_floor(rank, floor)
             writer.journal.saves.batch(rank, end_seq, None if late else top, writer.rows)

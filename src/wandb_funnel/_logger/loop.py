@@ -33,6 +33,7 @@ from wandb_funnel._logger.intake import Intake
 from wandb_funnel._logger.journal import Journal
 from wandb_funnel._logger.ledger import Ledger
 from wandb_funnel._logger.monitor import Monitor
+from wandb_funnel._logger.pacing import Pacer
 from wandb_funnel._logger.receiver import Receiver
 from wandb_funnel._logger.runs import Runs, SinkLostError
 from wandb_funnel._logger.say import log_to_stderr
@@ -44,6 +45,7 @@ _EVENTS_PER_WAKE = 125  # events (batches of <= 256 records) taken before rows a
 # Rows written per wake-up (about 0.2 s of wandb.log): the loop comes back often enough to
 # see a CLOSE, a signal or a dead owner even with a long backlog of rows.
 _ROWS_PER_WAKE = 1_000
+_STATE_SHARE = 0.03  # of the logger's time, at most, for the successor's state (and Saved)
 
 
 def run_exit_code(owner_code: int, rank_codes: list[int]) -> int:
@@ -93,6 +95,9 @@ class Logger:
             receiver.run_info = {}  # no one run to tell the ranks about
         self._active: set[int] = set()  # ranks attached and not yet finished or gone
         self._ended_ranks: set[int] = set()  # ranks that finished or are gone
+        self._unsaid: dict[int, int] = {}  # saved points not yet told (``_note_saved``)
+        self._unsaid_ending = False
+        self._state_pacer = Pacer(_STATE_SHARE)
         self.final_stats: dict[str, Any] | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -173,7 +178,7 @@ class Logger:
             # caught up (docs/DESIGN.md, "Windows apply only when caught up").
             window_applies = caught_up and self._receiver.socket_drained(now)
             more_rows = self._write_released(now, window_applies)
-            self._note_saved()
+            self._note_saved(now)
             self.monitor.tick(now, self._active, self._status)
             # A close already asked (a signal that reached wandb-core too, as scancel's does)
             # is not given up for a restart: the job is ending, and a new logger would not
@@ -200,6 +205,7 @@ class Logger:
             if self.close.begin_if_asked(self._give_up) and (
                 (not self._active and caught_up) or now >= self.close.straggler_deadline
             ):
+                self._note_saved(now, at_once=True)
                 break
         return LoggerResult(Outcome.FINISHED, self._finish())
 
@@ -259,6 +265,7 @@ class Logger:
     def _ended(self, event: Ended) -> None:
         self._active.discard(event.rank)
         self._ended_ranks.add(event.rank)
+        self._unsaid_ending |= event.rank in self._unsaid  # (it waits for its point)
         writer = self.runs.for_rank(event.rank)
         writer.order.rank_done(event.rank)
         if event.exit_code:
@@ -277,13 +284,21 @@ class Logger:
             )
 
     # -- saved, and what a successor needs -----------------------------------------------------
-    def _note_saved(self) -> None:
+    def _note_saved(self, now: float, at_once: bool = False) -> None:
         """What the transaction logs hold now; ranks whose records reached them are told,
-        after the state a successor reads is written."""
+        after the state a successor reads is written: at most ``_STATE_SHARE`` of the time
+        (the points wait meanwhile), but at once for a rank that has ended (it waits for
+        its point at exit), and ``at_once`` as the loop ends."""
         moved = self.journal.durable(self.runs, log_to_stderr)
         if moved:
+            self._unsaid.update(moved)
+            self._unsaid_ending |= not self._ended_ranks.isdisjoint(moved)
+        if self._unsaid and (at_once or self._unsaid_ending or self._state_pacer.due(now)):
+            began = time.monotonic()
             self._write_state()
-            self._receiver.post_saved(moved)
+            self._state_pacer.ran(now, began)
+            self._receiver.saved.post(self._unsaid)
+            self._unsaid, self._unsaid_ending = {}, False
 
     def _write_state(self) -> None:
         active = (self._active | self.journal.before.active) - self._ended_ranks

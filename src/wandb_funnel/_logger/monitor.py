@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from wandb_funnel import _private_dir
 from wandb_funnel._logger.health import Health
+from wandb_funnel._logger.pacing import Pacer
 from wandb_funnel._logger.say import log_to_stderr
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from wandb_funnel.sinks import Sink
 
 _HEALTH_PERIOD = 1.0  # seconds between looks for a stall (and status.json rewrites)
+_STATUS_SHARE = 0.03  # of the logger's time, at most, for status.json
 _SILENT_AFTER = 10.0  # wandb-funnel status: a rank with no record this long is "silent"
 _CLOSE_QUIET = 2.0  # a close says how far it got once it has taken this long, every second
 _STACK_TIMEOUT = 10.0  # seconds py-spy may take for one rank's stack
@@ -54,6 +56,7 @@ class Monitor:
         # The run's console, once it is open and while its wandb-core answers.
         self.console: Callable[[], Sink | None] = lambda: None
         self._next_health = 0.0
+        self._status_pacer = Pacer(_STATUS_SHARE, _HEALTH_PERIOD)
         self._next_progress = 0.0
         self._close_progress: dict[str, Any] | None = None  # while closing: rows/seconds left
 
@@ -85,12 +88,17 @@ class Monitor:
             self.say(line)
 
     def tick(self, now: float, active: set[int], status: Callable[[float], dict[str, Any]]) -> None:
-        """Once a ``_HEALTH_PERIOD``: look for a stall, and rewrite ``status.json``."""
+        """Once a ``_HEALTH_PERIOD``: look for a stall, and rewrite ``status.json``; less
+        often when writing it costs more than ``_STATUS_SHARE`` of the time (its ranks'
+        entries: 16,384 ranks took tens of ms a write, issue 38)."""
         if now < self._next_health:
             return
         self._next_health = now + _HEALTH_PERIOD
         self._look_for_stalls(now, active)
-        self.write_status(now, status)
+        if self._status_pacer.due(now):
+            began = time.monotonic()
+            self.write_status(now, status)
+            self._status_pacer.ran(now, began)
 
     # -- saying it -----------------------------------------------------------------------------
     def say(self, text: str) -> None:

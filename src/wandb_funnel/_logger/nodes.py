@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from wandb_funnel._constants import REMOTE_SILENCE
-from wandb_funnel._protocol.messages import NodeHello
+from wandb_funnel._protocol.messages import NodeHello, NodePlan
 
 if TYPE_CHECKING:
     from wandb_funnel._logger.streams import Streams
@@ -32,16 +32,27 @@ class _Node:
     state: str = "live"
     restarts: int = 0  # node loggers of this node that came after the first
     counts: tuple[int, int, int, int] = (0, 0, 0, 0)  # its logger's counts, named in COUNTS
+    period: float = 0.0  # the fold period it was told (NodePlan)
 
 
 COUNTS = ("forwarded", "stale", "junk", "folded")  # a node logger's counts, as status names them
 
 
+def fold_period(nodes: int) -> float:
+    """Seconds between a node logger's Folded frames: 0.2 up to 256 nodes, then longer with
+    the nodes, to 1 s from 1,280 on (the root's cost is per frame and per stream it names:
+    about 2,000 frames a second at most; a row waits a period more)."""
+    return round(min(1.0, max(0.2, nodes / 1280)), 2)
+
+
 class Nodes:
     """The root's view of the node tier; ``own`` is the root's node (None: flat, no nodes)."""
 
-    def __init__(self, own: int | None, streams: Streams, routes: Mapping[bytes, bytes]) -> None:
+    def __init__(
+        self, own: int | None, streams: Streams, routes: Mapping[bytes, bytes], plan: NodePlan
+    ) -> None:
         self.own = own
+        self._plan = plan
         self._streams = streams
         self._routes = routes  # stream identity -> the node logger it came through
         self._by_route: dict[bytes, _Node] = {}  # a node logger's socket identity -> its node
@@ -71,6 +82,19 @@ class Nodes:
         node.state = hello.state
         node.counts = (hello.forwarded, hello.stale, hello.junk, hello.folded)
         return True
+
+    def plan(self, route: bytes, new: bool, hello: NodeHello) -> NodePlan | None:
+        """The plan to tell a node logger that said ``hello``, or None: told when it is
+        ``new``, again while it has folded nothing (the word may be lost), and when the job
+        has grown enough nodes that it should fold less often."""
+        node = self._by_route.get(route)
+        if node is None:
+            return None
+        period = fold_period(len(self._by_node))
+        if new or not hello.folded or period > node.period * 1.5:
+            node.period = period
+            return self._plan._replace(period=period)
+        return None
 
     def count(self) -> int:
         """Nodes of the job seen so far, the root's own included."""

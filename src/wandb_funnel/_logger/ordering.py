@@ -29,15 +29,19 @@ import heapq
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from wandb_funnel._protocol import columns
+
 if TYPE_CHECKING:
-    from wandb_funnel._protocol.mergeable import KeyState
+    from wandb_funnel._protocol.columns import Block
+
+_MERGE_AT = 64  # a row's nodes' blocks are merged every this many (its memory bounded)
 
 
 class Row:
     """One step's data: ``parts`` maps each rank to its records at that step, merged;
-    ``states``, the node tier's pre-reduced keys of other ranks (None: none)."""
+    ``blocks``, the node tier's pre-reduced keys of other ranks (None: none)."""
 
-    __slots__ = ("committed", "late", "parts", "records", "states", "step")
+    __slots__ = ("blocks", "committed", "late", "parts", "records", "step")
 
     def __init__(
         self, step: int, parts: dict[int, dict[str, Any]] | None = None, late: bool = False
@@ -47,7 +51,7 @@ class Row:
         self.records = 0
         self.late = late
         self.committed = False  # a record at this step committed it (wandb's commit=True)
-        self.states: dict[str, KeyState] | None = None
+        self.blocks: list[Block] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -69,13 +73,14 @@ class Row:
 
     def add_states(
         self,
-        states: dict[str, KeyState],
+        block: Block | None,
         parts: list[list[Any]],
         records: int,
         committed: bool,
     ) -> None:
-        """Merge a node's pre-reduction of ``records`` records of its ranks: ``states``, and
-        ``parts`` (``[rank, data]``: what of a rank's whole step no state reduces)."""
+        """Merge a node's pre-reduction of ``records`` records of its ranks: its states
+        (``block``), and ``parts`` (``[rank, data]``: what of a rank's whole step no state
+        reduces)."""
         if committed:
             self.committed = True
         for rank, data in parts:
@@ -84,16 +89,13 @@ class Row:
                 self.parts[rank] = data
             else:
                 part.update(data)
-        mine = self.states
-        if mine is None:
-            self.states = states
-        else:
-            for key, state in states.items():
-                held = mine.get(key)
-                if held is None:
-                    mine[key] = state
-                else:
-                    held.merge(state)
+        if block is not None:
+            if self.blocks is None:
+                self.blocks = [block]
+            else:
+                self.blocks.append(block)
+                if len(self.blocks) % _MERGE_AT == 0:  # (not again at once: key sets
+                    self.blocks = columns.merge(self.blocks)  # that differ stay apart)
         self.records += records
 
 
@@ -188,7 +190,7 @@ class Reorderer:
         step: int,
         committed: bool,
         records: int,
-        states: dict[str, Any],
+        block: Block | None,
         parts: list[list[Any]],
         now: float,
     ) -> None:
@@ -198,14 +200,14 @@ class Reorderer:
             late = self._late.get(step)
             if late is None:
                 late = self._late[step] = Row(step, late=True)
-            late.add_states(states, parts, records, committed)
+            late.add_states(block, parts, records, committed)
             self.late_records += records
             return
         row = self._rows.get(step)
         if row is None:
             row = self._rows[step] = Row(step)
             self._new_row(step, now)
-        row.add_states(states, parts, records, committed)
+        row.add_states(block, parts, records, committed)
 
     def rank_floor(self, rank: int, floor: int) -> None:
         """``rank`` logs nothing below ``floor`` from now on (a node's word for it)."""

@@ -23,6 +23,7 @@ from wandb_funnel._logger.blobs import BlobWriter
 from wandb_funnel._logger.close_request import CloseRequests
 from wandb_funnel._logger.events import Attached, Ended, EventQueue, Records, Update
 from wandb_funnel._logger.nodes import Nodes
+from wandb_funnel._logger.saved_replies import SavedReplies
 from wandb_funnel._logger.say import Drops, log_to_stderr
 from wandb_funnel._logger.streams import Peer, Streams
 from wandb_funnel._protocol import codec, node_wire
@@ -37,7 +38,6 @@ from wandb_funnel._protocol.messages import (
     NodePlan,
     Record,
     RecordBatch,
-    Saved,
     Welcome,
 )
 from wandb_funnel._protocol.messages import Update as UpdateMessage
@@ -82,16 +82,15 @@ class Receiver(threading.Thread):
         self._host = socket.gethostname()
         self.streams = Streams(first_auto_rank, saved, used_ranks)
         self._peers = self.streams.peers
-        self.nodes = Nodes(node, self.streams, sock.routes)  # the node tier's node loggers
-        self._plan = node_wire.encode_node_plan(plan or NodePlan(False, {}))
+        # the node tier's node loggers
+        self.nodes = Nodes(node, self.streams, sock.routes, plan or NodePlan(False, {}))
         # A restarted logger (generation > 0): streams it does not know are asked to say
         # hello again.
         self._generation = generation
         self._asked: dict[bytes, float] = {}  # strangers asked to say hello again, and when
         self.stale_frames = 0  # frames of streams the dead logger knew, before their hello
         self.replayed = 0  # records resent to this logger after a restart
-        self._saved_lock = threading.Lock()
-        self._saved_to_send: dict[int, int] = {}  # rank -> Saved point not yet told
+        self.saved = SavedReplies(sock, self._peers)  # the writer posts, this thread sends
         self._caught_up_at = 0.0
         self._stopping = threading.Event()
         self.events = EventQueue(max_queued_records)
@@ -113,22 +112,6 @@ class Receiver(threading.Thread):
         self.run_info: dict[str, Any] | None = None
 
     # -- the writer's side -------------------------------------------------------------------
-    def post_saved(self, moved: dict[int, int]) -> None:
-        """The writer's news: these ranks' records below these points are on disk. Told to
-        each rank by this thread (the socket is its own)."""
-        with self._saved_lock:
-            self._saved_to_send.update(moved)
-
-    def _send_saved(self) -> None:
-        with self._saved_lock:
-            moved, self._saved_to_send = self._saved_to_send, {}
-        if not moved:
-            return
-        for identity, peer in list(self._peers.items()):
-            seq = moved.get(peer.rank)
-            if seq is not None:  # an ended rank too: it waits a moment for this at exit
-                self._sock.reply(identity, codec.encode_saved(Saved(seq)))
-
     def socket_drained(self, now: float) -> bool:
         """Whether this thread found the socket empty lately. When it has not, frames wait
         in ZeroMQ's queues unread (the logger is saturated), and a straggler's records may be
@@ -179,7 +162,7 @@ class Receiver(threading.Thread):
                 next_report = now + _DROP_REPORT_PERIOD
                 self.drops.report()
             self.events.flush()  # (what liveness found: ranks gone)
-            self._send_saved()
+            self.saved.send(now)
         # What is already queued (bounded by HWMs), handed over as it is taken: the writer
         # stops waiting for this thread after a while, and takes what was handed by then.
         for _ in range(5_000):
@@ -239,8 +222,8 @@ class Receiver(threading.Thread):
             new = self.nodes.new(identity)
             if not self.nodes.seen(identity, message, self._token):
                 self.rejected_peers += 1
-            elif new or not message.folded:  # whether, and how, it pre-reduces (again, while
-                self._sock.reply(identity, self._plan)  # it has not: the word may be lost)
+            elif (node_plan := self.nodes.plan(identity, new, message)) is not None:
+                self._sock.reply(identity, node_wire.encode_node_plan(node_plan))
             return
         if isinstance(message, Folded):
             self._folded(identity, message)
@@ -261,6 +244,7 @@ class Receiver(threading.Thread):
                 peer.dropped += missing
                 self._drop(missing, "a worker's queue was full", peer.rank)
             self._end(peer, gone=False, exit_code=message.exit_code)
+            self.saved.ending(peer.rank, identity)
             # The receipt lets the worker know (and say) whether anything went missing.
             self._sock.reply(identity, codec.encode_ack(Ack(peer.received)))
         elif isinstance(message, UpdateMessage):  # handed to the writer as it comes

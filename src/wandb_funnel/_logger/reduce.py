@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from wandb_funnel._protocol import columns
 from wandb_funnel._protocol.mergeable import MERGEABLE, ReducerNames, flatten
 from wandb_funnel._protocol.messages import MediaRef
 
@@ -196,11 +197,12 @@ class RowBuilder:
         writer places it, ``_logger/steps.py``)."""
         if self._mode == "shared":
             return self._build_shared(row)
-        if row.states is None:
+        if row.blocks is None:
             out = self._reduce_parts(row.parts, row.step)
         else:
-            out = self._reduce_parts(self._into_states(row.parts, row.states), row.step)
-            out.update(self._folded(row.states))
+            states = columns.states(row.blocks)
+            out = self._reduce_parts(self._into_states(row.parts, states), row.step)
+            out.update(self._folded(states))
         self._note_step_key(out)
         return out
 

@@ -1,6 +1,7 @@
 """A node logger's pre-reduction (issue 38): its ranks' record batches folded, per step, into
-``KeyState``s, and sent to the root as one ``Folded`` frame every ``FOLD_PERIOD``: the root
-then merges a state per node and key, not a value per rank and key.
+``KeyState``s, and sent to the root by column (``columns.py``) as one ``Folded`` frame a
+period (the root's ``NodePlan``): the root then merges a state per node and key, not a value
+per rank and key.
 
 What keeps the rows exact, and every record taken exactly once (docs/DESIGN.md, "The node
 tier"):
@@ -15,11 +16,12 @@ tier"):
   last step is closed and the next batch starts at a later step. A batch held past
   ``HOLD_FOR`` goes as it came, and so does every later record of the rank at or below its
   steps: a rank's step reaches the root folded or as it came, not both.
-- **Only what a state reduces exactly**: plain ints (within 2**52, so that a node's sum fits
-  the wire) and floats, of keys whose reducer is mean, sum, min, max or first (or none), in a
-  run every rank shares (``NodePlan``). The rest of a rank's step (media, strings, bools,
-  ``spread``, ``concat`` and ``merge`` keys) rides in the same ``Folded`` as it came, as that
-  rank's part: the root merges a key's states and parts as the flat funnel merges values.
+- **Only what a state reduces exactly**: plain ints (within ``columns.INT_LIMIT``, so that
+  sums fit the wire) and floats, of keys whose reducer is mean, sum, min, max or first (or
+  none), in a run every rank shares (``NodePlan``). The rest of a rank's step (media,
+  strings, bools, ``spread``, ``concat`` and ``merge`` keys) rides in the same ``Folded`` as
+  it came, as that rank's part: the root merges a key's states and parts as the flat funnel
+  merges values.
   ``run_mode="shared"`` or ``"new"``: nothing is folded.
 - **Nothing the run may have already**: a stream's resend after a restart (numbers below its
   hello's ``resume`` end), its batches before the root's Welcome named its rank, a batch
@@ -32,15 +34,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from wandb_funnel._protocol import codec, node_wire
+from wandb_funnel._protocol import codec, columns, node_wire
 from wandb_funnel._protocol.mergeable import MERGEABLE, KeyState, ReducerNames, flatten
 from wandb_funnel._protocol.messages import Folded, NodePlan, RecordBatch
 
-FOLD_PERIOD = 0.2  # seconds between Folded frames (the root's cost is per frame and key)
 HOLD_FOR = 1.0  # a batch whose step stays open this long goes to the root as it came
-_INT_LIMIT = 1 << 52
 _SAID_MAX = 1_000  # (rank, key) pairs whose first non-finite value is said
-_STATE_BYTES = 100  # a key's state on the wire, at most (about 70 bytes)
+_STATE_BYTES = 120  # a key's state on the wire, at most (112 bytes, its name once a frame)
 _MAX_STEPS = node_wire.MAX_FOLDED_STREAMS // 2  # steps in one Folded (the root takes 65,536)
 
 Out = list[list[bytes]]  # messages to the root, in order: [identity, frame] or [frame]
@@ -93,6 +93,7 @@ class Folder:
         self._said: list[list[Any]] = []
         self._seen: set[tuple[int, str]] = set()
         self._due = 0.0
+        self._period = 0.2  # seconds between Folded frames: the root's word (NodePlan)
         self._size = 0  # the next Folded's bytes, over-estimated
         self._budget = max_frame // 4
         self.folded = 0  # batches sent folded
@@ -100,6 +101,7 @@ class Folder:
     def plan(self, plan: NodePlan) -> None:
         """The root's word: fold, with the job's ``reduce`` option, or not."""
         self._names = ReducerNames(plan.reduce) if plan.fold else None
+        self._period = plan.period
 
     def welcome(self, identity: bytes, rank: int) -> None:
         self._stream(identity).rank = rank
@@ -167,11 +169,11 @@ class Folder:
         return out
 
     def tick(self, now: float) -> Out:
-        """Every ``FOLD_PERIOD``: what can be folded is, and sent; what waited too long goes
-        as it came."""
+        """Every period (``NodePlan``): what can be folded is, and sent; what waited too long
+        goes as it came."""
         if now < self._due:
             return []
-        self._due = now + FOLD_PERIOD
+        self._due = now + self._period
         out: Out = []
         for identity, stream in self._streams.items():
             if stream.held:
@@ -308,7 +310,7 @@ class Folder:
             kind = type(value)
             name = names(key) if names is not None else "?"
             if (name is not None and name not in MERGEABLE) or not (
-                kind is float or (kind is int and -_INT_LIMIT <= value <= _INT_LIMIT)
+                kind is float or (kind is int and -columns.INT_LIMIT <= value <= columns.INT_LIMIT)
             ):
                 rest[key] = value
                 continue
@@ -341,17 +343,24 @@ class Folder:
         return [self._take()] if identity in self._entries else []
 
     def _take(self) -> list[bytes]:
-        steps = [
-            [
-                step,
-                fold.committed,
-                fold.records,
-                {key: state.to_wire() for key, state in fold.states.items()},
-                fold.parts,
-            ]
-            for step, fold in sorted(self._steps.items())
-        ]
-        folded = Folded(list(self._entries.values()), steps, self._nonfinite, self._said)
+        keysets: dict[tuple[str, ...], int] = {}
+        steps = []
+        rows: list[columns.Row] = []
+        for step, fold in sorted(self._steps.items()):
+            which = -1
+            if fold.states:
+                keys = tuple(fold.states)
+                which = keysets.setdefault(keys, len(keysets))
+                rows += map(columns.state_row, fold.states.values())
+            steps.append([step, fold.committed, fold.records, which, fold.parts])
+        folded = Folded(
+            list(self._entries.values()),
+            steps,
+            self._nonfinite,
+            self._said,
+            [list(keys) for keys in keysets],
+            columns.pack(rows),
+        )
         self._steps, self._entries, self._nonfinite, self._said = {}, {}, 0, []
         self._size = 0
         return [node_wire.encode_folded(folded)]

@@ -39,6 +39,8 @@ from wandb_funnel._protocol.messages import (
     Hello,
     NodeHello,
     NodePlan,
+    NodeSaved,
+    Saved,
     Welcome,
 )
 from wandb_funnel._protocol.sockets import NodeSockets
@@ -156,7 +158,7 @@ class NodeRelay:
             if parts is None:
                 return
             if len(parts) == 1:  # the root's word to this node logger
-                self._plan(parts[0])
+                self._word(parts[0])
             elif len(parts) != 2:
                 self.junk += 1
             else:
@@ -164,13 +166,17 @@ class NodeRelay:
                     self._welcome(parts[0], parts[1])
                 self._socks.send_local(parts[0], parts[1])
 
-    def _plan(self, frame: bytes) -> None:
+    def _word(self, frame: bytes) -> None:
+        """The root's plan, or its ranks' saved points (each told its own)."""
         try:
-            plan = codec.decode(frame, self._max_frame)
+            word = codec.decode(frame, self._max_frame)
         except codec.DecodeError:
-            plan = None
-        if isinstance(plan, NodePlan):
-            self.folder.plan(plan)
+            word = None
+        if isinstance(word, NodePlan):
+            self.folder.plan(word)
+        elif isinstance(word, NodeSaved):
+            for identity, seq in word.points:
+                self._socks.send_local(identity, codec.encode_saved(Saved(seq)))
         else:
             self.junk += 1
 

@@ -36,6 +36,7 @@ from wandb_funnel._protocol.messages import (
     MEDIA_EXT,
     NODE,
     NODE_PLAN,
+    NODE_SAVED,
     PROTOCOL_VERSION,
     RECORDS,
     REHELLO,
@@ -56,7 +57,12 @@ from wandb_funnel._protocol.messages import (
     UpdateKind,
     Welcome,
 )
-from wandb_funnel._protocol.node_wire import decode_folded, decode_node_hello, decode_node_plan
+from wandb_funnel._protocol.node_wire import (
+    decode_folded,
+    decode_node_hello,
+    decode_node_plan,
+    decode_node_saved,
+)
 
 # The most records one batch frame may declare; a frame claiming more is junk.
 MAX_BATCH_RECORDS: Final = 1 << 20
@@ -449,6 +455,7 @@ _DECODERS: Final[dict[int, Callable[[list[Any]], Message]]] = {
     NODE: decode_node_hello,
     FOLDED: decode_folded,
     NODE_PLAN: decode_node_plan,
+    NODE_SAVED: decode_node_saved,
     DONE: _done,
     **{kind: functools.partial(_update, kind) for kind in UpdateKind},
 }

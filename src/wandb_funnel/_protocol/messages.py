@@ -12,7 +12,7 @@ from typing import Any, Final, NamedTuple
 
 from wandb_funnel._options import FunnelOptions, Topology
 
-PROTOCOL_VERSION: Final = 2  # 2: the node tier's folded batches (issue 38)
+PROTOCOL_VERSION: Final = 3  # 2: the node tier's folded batches (issue 38); 3: by column
 
 # Message kinds. Client -> logger first, then logger -> client.
 HELLO: Final = 1
@@ -28,6 +28,7 @@ REHELLO: Final = 20  # the logger's: "say hello again" (it restarted and does no
 NODE: Final = 21  # a node logger's, to the root: the node it serves, now and then (issue 38)
 FOLDED: Final = 22  # a node logger's, to the root: its ranks' batches, pre-reduced per step
 NODE_PLAN: Final = 23  # the root's, to a node logger: whether and how to pre-reduce
+NODE_SAVED: Final = 24  # the root's, to a node logger: its ranks' saved points, in one frame
 
 
 # msgpack extension type of a media value inside a record (``wandb.Image``, ``wf.Table``, ...):
@@ -229,23 +230,37 @@ class Folded(NamedTuple):
     """A node logger's pre-reduction of whole record batches of some of its ranks (issue 38,
     ``_node/fold.py``). ``streams``: ``[identity, first_seq, end_seq, top step, floor]`` for
     each stream whose batches ``[first_seq, end_seq)`` it holds, no more, no fewer; ``steps``:
-    ``[step, committed, records, {key: state}, [[rank, {key: value}], ...]]``, each state a
-    ``KeyState``'s wire form, each part what of a rank's step no state reduces;
-    ``nonfinite``: NaN and infinite values among them, the first of each (rank, key) in
-    ``said`` as ``[rank, step, key, value as text]``. The root takes it whole or not at all."""
+    ``[step, committed, records, keyset, [[rank, {key: value}], ...]]``, ``keyset`` the index
+    in ``keysets`` of the keys whose states it has (-1: none), each part what of a rank's step
+    no state reduces; ``nonfinite``: NaN and infinite values among them, the first of each
+    (rank, key) in ``said`` as ``[rank, step, key, value as text]``; ``states``: every
+    step's states, key after key, a row each (``columns.py``). The root takes it whole or
+    not at all."""
 
     streams: list[list[Any]]
     steps: list[list[Any]]
     nonfinite: int
     said: list[list[Any]]
+    keysets: list[list[str]]
+    states: bytes
 
 
 class NodePlan(NamedTuple):
     """The root's answer to a node logger's first word: ``fold`` (pre-reduce: a run shared by
-    every rank, not ``run_mode="shared"`` or ``"new"``), with the job's ``reduce`` option."""
+    every rank, not ``run_mode="shared"`` or ``"new"``), with the job's ``reduce`` option, and
+    how often (``period``: the root's cost is per frame, so the more nodes, the longer)."""
 
     fold: bool
     reduce: dict[str, str]
+    period: float = 0.2  # seconds between its Folded frames (longer, the more nodes)
+
+
+class NodeSaved(NamedTuple):
+    """The root's ``Saved`` for a node logger's ranks, in one frame instead of one each (at
+    16,384 ranks they cost the root a tenth of a core): ``points``, ``[identity, seq]`` per
+    stream; the node logger tells each its ``Saved(seq)``."""
+
+    points: list[list[Any]]
 
 
 class Done(NamedTuple):
@@ -269,6 +284,7 @@ Message = (
     | NodeHello
     | Folded
     | NodePlan
+    | NodeSaved
 )
 
 

@@ -1,8 +1,8 @@
 """The node tier's own frames (issue 38): a node logger's word about itself (``NodeHello``),
 its pre-reduced batches (``Folded``), and the root's word on whether to pre-reduce
 (``NodePlan``). ``codec.decode`` takes them as any other kind (its ``_DECODERS``); a
-malformed one raises ValueError, which it reports as a DecodeError. The states' own fields
-are checked where they are used (``KeyState.from_wire``): this module knows their shape, not
+malformed one raises ValueError, which it reports as a DecodeError. The states' own columns
+are checked where they are used (``columns.unpack``): this module knows their shape, not
 their meaning.
 """
 
@@ -18,11 +18,13 @@ from wandb_funnel._protocol.messages import (
     MEDIA_EXT,
     NODE,
     NODE_PLAN,
+    NODE_SAVED,
     PROTOCOL_VERSION,
     Folded,
     MediaRef,
     NodeHello,
     NodePlan,
+    NodeSaved,
 )
 
 MAX_FOLDED_STREAMS: Final = 1 << 16  # streams (and steps) one Folded may name
@@ -49,6 +51,10 @@ def encode_node_plan(plan: NodePlan) -> bytes:
     return msgpack.packb((PROTOCOL_VERSION, NODE_PLAN, *plan))  # type: ignore[no-any-return]
 
 
+def encode_node_saved(saved: NodeSaved) -> bytes:
+    return msgpack.packb((PROTOCOL_VERSION, NODE_SAVED, *saved))  # type: ignore[no-any-return]
+
+
 def _want(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
@@ -59,18 +65,23 @@ def _count(value: Any) -> bool:
 
 
 def decode_folded(body: list[Any]) -> Folded:
-    _want(len(body) == 4, "folded needs 4 fields")
-    streams, steps, nonfinite, said = body
+    _want(len(body) == 6, "folded needs 6 fields")
+    streams, steps, nonfinite, said, keysets, states = body
     _want(type(streams) is list and 0 < len(streams) <= MAX_FOLDED_STREAMS, "bad folded streams")
     for entry in streams:
         _want(type(entry) is list and len(entry) == 5, "a folded stream is not 5 fields")
         _want(type(entry[0]) is bytes and all(map(_count, entry[1:])), "bad folded stream")
         _want(entry[1] <= entry[2], "a folded stream's numbers run backwards")
+    _want(type(keysets) is list and len(keysets) <= MAX_FOLDED_STREAMS, "bad folded key sets")
+    for keys in keysets:
+        _want(type(keys) is list and all(type(k) is str for k in keys), "bad folded keys")
+        _want(len(set(keys)) == len(keys), "a folded key set names a key twice")
+    _want(type(states) is bytes, "bad folded states")
     _want(type(steps) is list and len(steps) <= MAX_FOLDED_STREAMS, "bad folded steps")
     for step in steps:
         _want(type(step) is list and len(step) == 5, "a folded step is not 5 fields")
         _want(_count(step[0]) and type(step[1]) is bool and _count(step[2]), "bad folded step")
-        _want(type(step[3]) is dict and all(type(k) is str for k in step[3]), "bad folded keys")
+        _want(type(step[3]) is int and -1 <= step[3] < len(keysets), "bad folded key set")
         _want(type(step[4]) is list, "a folded step's parts are not a list")
         for part in step[4]:
             _want(type(part) is list and len(part) == 2 and _count(part[0]), "bad folded part")
@@ -81,13 +92,23 @@ def decode_folded(body: list[Any]) -> Folded:
         rank, step, key, text = fact
         _want(_count(rank) and _count(step), "bad folded non-finite fact")
         _want(type(key) is str and type(text) is str, "bad folded non-finite fact")
-    return Folded(streams, steps, nonfinite, said)
+    return Folded(streams, steps, nonfinite, said, keysets, states)
 
 
 def decode_node_plan(body: list[Any]) -> NodePlan:
-    _want(len(body) == 2 and type(body[0]) is bool and type(body[1]) is dict, "bad node plan")
+    _want(len(body) == 3 and type(body[0]) is bool and type(body[1]) is dict, "bad node plan")
     _want(all(type(k) is str and type(v) is str for k, v in body[1].items()), "bad node plan")
-    return NodePlan(body[0], body[1])
+    _want(type(body[2]) is float and 0.01 <= body[2] <= 10.0, "bad node plan period")
+    return NodePlan(body[0], body[1], body[2])
+
+
+def decode_node_saved(body: list[Any]) -> NodeSaved:
+    _want(len(body) == 1 and type(body[0]) is list, "bad node saved")
+    _want(len(body[0]) <= MAX_FOLDED_STREAMS, "bad node saved")
+    for point in body[0]:
+        _want(type(point) is list and len(point) == 2, "a node saved point is not 2 fields")
+        _want(type(point[0]) is bytes and _count(point[1]), "bad node saved point")
+    return NodeSaved(body[0])
 
 
 def decode_node_hello(body: list[Any]) -> NodeHello:
