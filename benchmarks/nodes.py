@@ -24,7 +24,7 @@ null sink (``WANDB_FUNNEL_SINK=null``): these are the funnel's figures, not wand
 
 Reports, per tier: the root logger's CPU as a fraction of one core over the paced window,
 its peak RSS, the TCP connections at the root, the p99 lag from a step's schedule to its row
-(``status.json``'s rows against the step the schedule had reached at its ``updated`` time),
+(every row's wall time, from the null sink: ``WANDB_FUNNEL_NULL_ROWS``),
 records taken and dropped, and the pace the producers kept. 0 collectives: no
 ``torch.distributed`` call is made.
 """
@@ -32,11 +32,10 @@ records taken and dropped, and the pace the producers kept. 0 collectives: no
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import socket
-import threading
+import tempfile
 import time
 from typing import Any
 
@@ -186,19 +185,15 @@ def _producer(
     ctx.term()
 
 
-def _status_lag(path: str, t0: float, rate: float, lags: list[float], stop: Any) -> None:
-    seen = 0.0
-    while not stop.wait(0.2):
-        try:
-            with open(path) as fh:
-                status = json.load(fh)
-        except (OSError, ValueError):
-            continue
-        updated = float(status.get("updated") or 0)
-        if updated <= seen or updated < t0:
-            continue
-        seen = updated
-        lags.append(max(0.0, (updated - t0) * rate - status["rows"]) / rate)
+def _row_lags(path: str, t0: float, rate: float) -> list[float]:
+    """Seconds from each step's schedule to its row (the null sink's row times)."""
+    lags = []
+    with open(path) as fh:
+        for line in fh:
+            at, step = line.split()
+            if step != "None":
+                lags.append(max(0.0, float(at) - (t0 + int(step) / rate)))
+    return lags
 
 
 def _get(ready: Any, procs: list[Any]) -> Any:
@@ -215,7 +210,6 @@ def _get(ready: Any, procs: list[Any]) -> Any:
 
 def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
     import wandb_funnel as wf
-    from wandb_funnel import _private_dir
     from wandb_funnel._options import FunnelOptions, Topology
 
     n = args.nodes * args.ranks_per_node
@@ -224,6 +218,9 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
         first_auto_rank=n + 1, tcp_host="127.0.0.1", node=None if tier == "flat" else 0
     )
     options = FunnelOptions(close_timeout=120, max_pending_rows=100_000)
+    fd, row_times = tempfile.mkstemp(prefix="nodes-rows-", suffix=".txt")
+    os.close(fd)
+    os.environ["WANDB_FUNNEL_NULL_ROWS"] = row_times  # the logger's null sink appends there
     f = wf.Funnel(options, topology=topology, project="bench-nodes").start()
     assert f.logger_pid is not None and f.tcp_address is not None
     info = f.attach_info()
@@ -248,11 +245,6 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.time() + 0.5
     for _ in procs:
         start.put(t0)
-    lags: list[float] = []
-    stop = threading.Event()
-    status = _private_dir.path(_private_dir.of_address(info.address) or "", _private_dir.STATUS)
-    watcher = threading.Thread(target=_status_lag, args=(status, t0, args.rate, lags, stop))
-    watcher.start()
     cpu0, w0, peak = _cpu_seconds(f.logger_pid), time.time(), 0.0
     behind = 0.0
     for _ in procs:
@@ -261,11 +253,11 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(0.25)
         behind = max(behind, _get(ready, procs))
     cpu1, w1 = _cpu_seconds(f.logger_pid), time.time()
-    stop.set()
-    watcher.join()
     for proc in procs:
         proc.join()
     f.close()
+    lags = _row_lags(row_times, t0, args.rate)
+    os.remove(row_times)
     stats = f.stats or {}
     return {
         "tier": tier,
@@ -276,7 +268,7 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
         "root_peak_rss_mb": round(peak, 1),
         "connections_at_root": connections,
         "p99_step_to_row_s": round(percentile(lags, 99), 2) if lags else None,
-        "lag_samples": len(lags),
+        "rows_timed": len(lags),
         "records": stats.get("_funnel/records"),
         "sent": n * steps,
         "dropped": stats.get("_funnel/dropped_records"),

@@ -1,9 +1,9 @@
 """Telling ranks their records are on disk (``Saved``): the writer posts the points that
 moved, the receiver's thread (the socket is its own) sends them.
 
-At most ``RATE`` messages a second: each is a message through the socket, and at 16,384
-ranks telling every rank at every flush cost the root about a tenth of a core (issue 38).
-The ranks behind a node logger are told in one ``NodeSaved`` frame to it. A rank needs its
+At most ``RATE`` ranks a second: each is a message through the socket, and at 16,384 ranks
+telling every rank at every flush cost the root about a tenth of a core (issue 38). The
+ranks behind a node logger are told in one ``NodeSaved`` frame to it. A rank needs its
 point only to trim its replay buffer, which holds a few seconds of batches easily, and at
 its close, when it waits for it (``SAVED_WAIT``): a rank that said goodbye is told at once.
 """
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from wandb_funnel._logger.streams import Peer
     from wandb_funnel._protocol.sockets import LoggerSocket
 
-RATE = 4_000  # Saved messages a second, about (a small job's ranks are told at every flush)
+RATE = 4_000  # ranks told a second, about (a small job's ranks are told at every flush)
 
 
 class SavedReplies:
@@ -74,8 +74,8 @@ class SavedReplies:
                     by_node.setdefault(route, []).append([identity, seq])
             for route, points in by_node.items():  # one frame a node logger
                 self._sock.reply(route, node_wire.encode_node_saved(NodeSaved(points)))
-            direct = len(moved) - sum(map(len, by_node.values()))
-            self._next = now + (direct + len(by_node)) / RATE
+            # paced by ranks, not messages: a pass over every stream is the cost that grows
+            self._next = now + len(moved) / RATE
         else:
             for rank, seq in urgent.items():
                 self._sock.reply(ending[rank], codec.encode_saved(Saved(seq)))

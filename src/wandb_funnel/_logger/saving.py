@@ -38,6 +38,8 @@ class SaveTracker:
         self.saved: dict[int, int] = dict(saved or {})  # rank -> records below this are on disk
         self.saved_rows = 0  # history rows the transaction log holds (as last read)
         self.saved_records = 0  # records in those rows
+        self._released = -1  # the last cycle's released step
+        self._fresh = False  # a batch came whose steps that cycle had written
 
     def batch(self, rank: int, end_seq: int, max_step: int | None, rows: int = 0) -> None:
         """The logger took in a batch of ``rank`` ending before ``end_seq``, when ``rows``
@@ -47,6 +49,8 @@ class SaveTracker:
         if queue is None:
             queue = self._open[rank] = deque()
         queue.append((end_seq, max_step, rows))
+        if max_step is None or max_step <= self._released:
+            self._fresh = True  # written already, as of the last cycle: look again
 
     def unsaved_from(self) -> int:
         """The first row that may hold a record not yet saved: every row before it was
@@ -58,7 +62,12 @@ class SaveTracker:
 
     def written(self, released_step: int, rows: int, records: int) -> None:
         """A write cycle ended: rows up to ``released_step`` are written (``rows`` rows and
-        ``records`` records in all so far)."""
+        ``records`` records in all so far). Nothing to look at when no row was released
+        since the last cycle and no batch came that it had written (at 16,384 ranks a look
+        at every rank each cycle cost the root 5 %, issue 38)."""
+        if released_step == self._released and not self._fresh:
+            return
+        self._released, self._fresh = released_step, False
         moved: dict[int, int] = {}
         first = rows
         for rank, queue in self._open.items():

@@ -277,9 +277,10 @@ def _merge_numpy(group: list[Block]) -> Block:
     """The states of one key set from many nodes, by column: what ``KeyState.merge`` gives,
     the sum as a double-double."""
     np = _np
-    i = np.stack([b.rows for b in group])  # (nodes, keys, fields)
+    keys = len(group[0].keys)
+    # (nodes, keys, fields); concatenate, not stack: a third of its time for 2,048 blocks
+    i = np.concatenate([b.rows for b in group]).reshape(len(group), keys, FIELDS)
     f = i.view("<f8")
-    keys = i.shape[1]
     cols = np.arange(keys)
     flags = i[:, :, FLAGS]
     out_i = np.zeros((keys, FIELDS), dtype="<i8")

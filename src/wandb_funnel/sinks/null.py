@@ -5,10 +5,13 @@ merging all run as usual, and the accounting still counts every row (media value
 only wandb is left out, so the figures show what the funnel can take in rather than what
 wandb can write. ``WANDB_FUNNEL_SINK=null:SECONDS``: each row takes that long (a sink slow on
 purpose, so that a test of a long close does not depend on how loaded the machine is).
+``WANDB_FUNNEL_NULL_ROWS=PATH``: each new row's wall time and step are appended to PATH, a
+line each (``benchmarks/nodes.py`` measures from them how long a step took to become a row).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +35,8 @@ class NullSink:
         self._row_seconds = row_seconds
         self._rows = 0
         self._open: tuple[int | None] | None = None  # an open row's step, as wandb's
+        path = os.environ.get("WANDB_FUNNEL_NULL_ROWS")
+        self._times = open(path, "a", buffering=1) if path else None  # noqa: SIM115
 
     def saved_rows(self) -> int:
         return self._rows  # nothing to lose: "saved" as soon as counted
@@ -45,6 +50,8 @@ class NullSink:
         open_row = self._open
         if open_row is None or (step is not None and step != open_row[0]):
             self._rows += 1  # a new history row (a merge into the open one is not)
+            if self._times is not None:
+                self._times.write(f"{time.time()} {step}\n")
             if self._row_seconds:
                 time.sleep(self._row_seconds)
         self._open = None if commit else (step,)
@@ -82,7 +89,8 @@ class NullSink:
         return {"id": self.run_id}
 
     def finish(self, exit_code: int) -> None:
-        pass
+        if self._times is not None:
+            self._times.close()
 
     def update_run(self, data: dict[str, Any]) -> None:
         pass
