@@ -176,6 +176,8 @@ def test_many_blocks_merged_in_rounds_equal_one_merge(path: str) -> None:
         (columns.FIRST_RANK, -1, "counts or ranks"),
         (columns.FLAGS, 64, "counts or ranks"),
         (columns.INT_SUM, LIMIT * 5, "sums"),
+        (columns.INT_SUM, -(2**63), "sums"),  # (numpy's abs of it is negative)
+        (columns.PINF, 2**62, "counts or ranks"),  # (thousands of nodes' sum would wrap)
         (columns.SUM_HI, math.inf, "sums"),
         (columns.LOW, math.nan, "min or max"),
         (columns.HIGH_RANK, -1, "min or max"),

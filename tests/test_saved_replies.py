@@ -72,3 +72,21 @@ def test_the_ranks_behind_a_node_logger_are_told_in_one_frame_to_it() -> None:
         ],
         key=repr,
     )
+
+
+def test_a_point_held_by_the_rate_goes_at_once_when_its_rank_says_goodbye() -> None:
+    """Its last point was posted just before its goodbye, and held back by the rate: no
+    newer one will come, and the rank waits for it at exit (found in review)."""
+    ranks = 2 * RATE
+    peers = {r.to_bytes(4, "big"): _Peer(r) for r in range(ranks)}
+    sock = _Sock()
+    saved = SavedReplies(sock, peers)  # type: ignore[arg-type]
+    saved.post(dict.fromkeys(range(ranks), 1))
+    saved.send(0.0)  # a pass over every rank: the next is not due before 2.0
+    sock.sent.clear()
+    saved.post({7: 9})
+    saved.send(0.1)
+    assert sock.sent == []  # held by the rate
+    saved.ending(7, (7).to_bytes(4, "big"))
+    saved.send(0.2)
+    assert sock.sent == [((7).to_bytes(4, "big"), Saved(9))]

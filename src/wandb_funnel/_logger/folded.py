@@ -23,15 +23,25 @@ if TYPE_CHECKING:
     from wandb_funnel._logger.streams import Peer, Streams
 
 # Each distinct key set once, so that the nodes' blocks of a step group by identity
-# (``columns.merge``); forgotten past a bound (a job whose keys keep changing).
+# (``columns.merge``); forgotten past a bound in keys (a job whose key sets keep changing:
+# blocks of equal key sets kept apart then still merge, by key, in ``columns.states``).
 _KEYSETS: dict[tuple[str, ...], tuple[str, ...]] = {}
-_KEYSETS_MAX = 4_096
+_KEYSETS_KEYS = [0]  # keys in all of them
+_KEYSETS_MAX_KEYS = 100_000
 
 
 def _interned(keysets: list[list[str]]) -> list[tuple[str, ...]]:
-    if len(_KEYSETS) > _KEYSETS_MAX:
-        _KEYSETS.clear()
-    return [_KEYSETS.setdefault(keys, keys) for keys in map(tuple, keysets)]
+    out = []
+    for keys in map(tuple, keysets):
+        kept = _KEYSETS.get(keys)
+        if kept is None:
+            if _KEYSETS_KEYS[0] + len(keys) > _KEYSETS_MAX_KEYS:
+                _KEYSETS.clear()
+                _KEYSETS_KEYS[0] = 0
+            kept = _KEYSETS[keys] = keys
+            _KEYSETS_KEYS[0] += len(keys)
+        out.append(kept)
+    return out
 
 
 def admit(streams: Streams, folded: Folded) -> tuple[list[Peer], FoldedRecords] | str:

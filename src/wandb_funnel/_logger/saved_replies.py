@@ -47,6 +47,8 @@ class SavedReplies:
         """``rank`` said goodbye: it waits for its point, which goes at once from now on."""
         with self._lock:
             self._ending[rank] = identity
+            if rank in self._moved:  # posted before it said goodbye, and held by the rate
+                self._urgent[rank] = self._moved[rank]
 
     def send(self, now: float) -> None:
         """What is due: every point not yet told when the rate allows, else the ending

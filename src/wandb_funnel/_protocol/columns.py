@@ -36,7 +36,9 @@ ROW = struct.Struct("<5d9q")
 # FLAGS bits
 ALL_INTS, FIRST_INT, LOW_INT, HIGH_INT, HAS_EXTREMES = 1, 2, 4, 8, 16
 _ALL_FLAGS = 31
-_MAX_COUNT = 1 << 22  # values a state may hold (so that count * INT_LIMIT fits 64 bits)
+# values a state may hold, and NaNs and infinities among them (so that count * INT_LIMIT, and
+# the counts of thousands of nodes summed, fit 64 bits)
+_MAX_COUNT = 1 << 22
 
 _np: Any = None  # numpy, once a frame's states are first unpacked (None: plain Python)
 _use_numpy: bool | None = None  # None: with numpy if it imports
@@ -156,7 +158,7 @@ def _check_row(row: Row) -> None:
     if (
         not 1 <= count <= _MAX_COUNT
         or first_rank < 0
-        or min(nan, pinf, ninf) < 0
+        or not 0 <= min(nan, pinf, ninf) <= max(nan, pinf, ninf) <= _MAX_COUNT
         or not 0 <= flags <= _ALL_FLAGS
     ):
         raise ValueError(_BAD + ": counts or ranks")
@@ -184,12 +186,14 @@ def _check_numpy(rows: Any) -> None:
         or high[COUNT] > _MAX_COUNT
         or low[FIRST_RANK] < 0
         or min(low[NAN], low[PINF], low[NINF]) < 0
+        or max(high[NAN], high[PINF], high[NINF]) > _MAX_COUNT
         or low[FLAGS] < 0
         or high[FLAGS] > _ALL_FLAGS
     ):
         raise ValueError(_BAD + ": counts or ranks")
     if (low[INT_SUM] < -INT_LIMIT or high[INT_SUM] > INT_LIMIT) and (
-        np.abs(rows[:, INT_SUM]) > rows[:, COUNT] * INT_LIMIT
+        (rows[:, INT_SUM] < -rows[:, COUNT] * INT_LIMIT)  # (not abs: -2**63 stays negative)
+        | (rows[:, INT_SUM] > rows[:, COUNT] * INT_LIMIT)
     ).any():
         raise ValueError(_BAD + ": its sums")
     if not np.isfinite(f[:, SUM_HI : SUM_LO + 1]).all():
