@@ -23,8 +23,9 @@ that the producers keep the pace), then goodbye. The root is a real logger proce
 null sink (``WANDB_FUNNEL_SINK=null``): these are the funnel's figures, not wandb's.
 
 Reports, per tier: the root logger's CPU as a fraction of one core over the paced window,
-its peak RSS, the TCP connections at the root, the p99 lag from a step's schedule to its row
-(every row's wall time, from the null sink: ``WANDB_FUNNEL_NULL_ROWS``),
+its peak RSS (and its RSS once every rank attached, before the first record), the TCP
+connections at the root, the p99 lag from a step's schedule to its row (every row's wall
+time, from the null sink: ``WANDB_FUNNEL_NULL_ROWS``),
 records taken and dropped, and the pace the producers kept. 0 collectives: no
 ``torch.distributed`` call is made.
 """
@@ -240,6 +241,7 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
         proc.start()
     attached = sum(_get(ready, procs) for _ in procs)
     time.sleep(2.0)  # the handshakes and hellos settle before the paced window
+    settled = rss_mb(f.logger_pid)  # every rank attached, nothing logged yet
     port = int(f.tcp_address.rsplit(":", 1)[1])
     connections = _connections(port)
     t0 = time.time() + 0.5
@@ -266,6 +268,7 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
         "attached": attached,
         "root_cpu_core": round((cpu1 - cpu0) / (w1 - w0), 3),
         "root_peak_rss_mb": round(peak, 1),
+        "root_rss_attached_mb": round(settled, 1),
         "connections_at_root": connections,
         "p99_step_to_row_s": round(percentile(lags, 99), 2) if lags else None,
         "rows_timed": len(lags),
