@@ -26,20 +26,21 @@ if TYPE_CHECKING:
 # (``columns.merge``); forgotten past a bound in keys (a job whose key sets keep changing:
 # blocks of equal key sets kept apart then still merge, by key, in ``columns.states``).
 _KEYSETS: dict[tuple[str, ...], tuple[str, ...]] = {}
-_KEYSETS_KEYS = [0]  # keys in all of them
+_keysets_keys = 0  # keys in all of them
 _KEYSETS_MAX_KEYS = 100_000
 
 
 def _interned(keysets: list[list[str]]) -> list[tuple[str, ...]]:
+    global _keysets_keys
     out = []
     for keys in map(tuple, keysets):
         kept = _KEYSETS.get(keys)
         if kept is None:
-            if _KEYSETS_KEYS[0] + len(keys) > _KEYSETS_MAX_KEYS:
+            if _keysets_keys + len(keys) > _KEYSETS_MAX_KEYS:
                 _KEYSETS.clear()
-                _KEYSETS_KEYS[0] = 0
+                _keysets_keys = 0
             kept = _KEYSETS[keys] = keys
-            _KEYSETS_KEYS[0] += len(keys)
+            _keysets_keys += len(keys)
         out.append(kept)
     return out
 
