@@ -15,6 +15,7 @@ level of the module, and a program starts nothing outside ``if __name__ == "__ma
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import sys
 from collections.abc import Callable
@@ -75,3 +76,20 @@ class Scenarios:
     def main(self, argv: list[str] | None = None) -> None:
         args = self.parser.parse_args(argv)
         args.run_scenario(args)
+
+
+def end_process_group_at_exit() -> None:
+    """End torch's process group in an exit hook, in a framework's program that leaves it to
+    CPython's finalization (accelerate, HF and Lightning do): torch's gloo group torn down
+    there aborts a rank now and then ("terminate called without an active exception":
+    pytorch#157193, docs/guide/known-limits.md), plain wandb's job as the funnel's (CI saw it
+    in a plain Lightning rank and in an accelerate rank). Registered at import, so it runs
+    after wandb's and the funnel's exit hooks (atexit runs the last registered first)."""
+
+    def end() -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    atexit.register(end)

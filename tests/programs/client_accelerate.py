@@ -14,7 +14,10 @@ if os.environ.get("CLIENT_INSTALL") == "1":
     wandb_funnel.install()
 
 import torch
+from _prelude import end_process_group_at_exit
 from accelerate import Accelerator
+
+end_process_group_at_exit()
 
 
 def main() -> None:

@@ -15,7 +15,10 @@ if os.environ.get("CLIENT_INSTALL") == "1":
     wandb_funnel.install()
 
 import torch
+from _prelude import end_process_group_at_exit
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+end_process_group_at_exit()
 
 
 class RandomTokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):

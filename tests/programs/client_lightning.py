@@ -12,7 +12,6 @@ Plain Lightning code. ``CLIENT_INSTALL=1`` adds the one line a user adds: ``inst
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 
@@ -23,20 +22,10 @@ if os.environ.get("CLIENT_INSTALL") == "1":
 
 import lightning as L  # noqa: N812  # Lightning's own convention
 import torch
+from _prelude import end_process_group_at_exit
 from lightning.pytorch.loggers import WandbLogger
 
-
-def _end_the_process_group() -> None:
-    """torch's gloo group torn down while CPython finalizes aborts a rank now and then
-    ("terminate called without an active exception": pytorch#157193, docs/guide/known-limits.md),
-    plain wandb's job as the funnel's (seen in a ``ddp_spawn`` rank of the plain job). Ended
-    here at exit instead, in every process, after wandb's and the funnel's exit hooks (atexit
-    runs the last registered first)."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
-atexit.register(_end_the_process_group)
+end_process_group_at_exit()
 
 
 class Tiny(L.LightningModule):
