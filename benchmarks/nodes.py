@@ -15,7 +15,10 @@ The ranks are simulated by ``--producers`` processes, each holding its share of 
   (``_node/fold.py``): one ``Folded`` frame per node every period the root tells a job of
   that many nodes (``_logger/nodes.fold_period``), its ranks' steps of that
   time folded into one state per key (built with the real ``KeyState``s, once per node: the
-  ranks log the same values every step, so only the frame is packed each time).
+  ranks log the same values every step, so only the frame is packed each time). Each node
+  folds on its own clock, as a node logger does (its period runs from when it started: a
+  random phase here); ``--aligned`` sends every node's frame at once instead, a burst at the
+  root each period (the worst case).
 
 Every rank says hello, then every ``1/rate`` seconds sends a batch of one record of
 ``--keys`` float keys at the next step (one packed record per step, shared by the ranks, so
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import random
 import socket
 import tempfile
 import time
@@ -76,6 +80,7 @@ def _producer(
     start: Any,
     ready: Any,
     total_nodes: int,
+    aligned: bool,
 ) -> None:
     import zmq
 
@@ -148,15 +153,18 @@ def _producer(
                     states[key] = KeyState(rank, value)
         folds.append((up, mine, [columns.state_row(v) for v in states.values()]))
 
-    def send_folded(first: int, end: int) -> None:
-        for up, mine, rows in folds:
-            streams = [[identity, first, end, end - 1, end] for identity, _ in mine]
-            steps_ = [[s, True, len(mine), 0, []] for s in range(first, end)]
-            folded = Folded(
-                streams, steps_, 0, [], [list(data)], columns.pack(rows * (end - first))
-            )
-            up.send(node_wire.encode_folded(folded))
+    def send_folded(
+        up: Any, mine: list[tuple[bytes, int]], rows: list[Any], first: int, end: int
+    ) -> None:
+        streams = [[identity, first, end, end - 1, end] for identity, _ in mine]
+        steps_ = [[s, True, len(mine), 0, []] for s in range(first, end)]
+        folded = Folded(streams, steps_, 0, [], [list(data)], columns.pack(rows * (end - first)))
+        up.send(node_wire.encode_folded(folded))
 
+    # Each node folds on its own clock, as a node logger does (its period runs from when it
+    # started): a node's phase, in steps; --aligned: every node at once (a burst at the root).
+    phases = [0 if aligned else random.randrange(fold_every) for _ in folds]
+    sent = [0] * len(folds)
     behind = 0.0
     next_beat = time.monotonic() + 1.0
     for step in range(steps):
@@ -167,8 +175,10 @@ def _producer(
         else:
             behind = max(behind, now - due)
         if folds:
-            if (step + 1) % fold_every == 0 or step + 1 == steps:
-                send_folded(step - step % fold_every, step + 1)
+            for at, (up, mine, rows) in enumerate(folds):
+                if (step + 1 - phases[at]) % fold_every == 0 or step + 1 == steps:
+                    send_folded(up, mine, rows, sent[at], step + 1)
+                    sent[at] = step + 1
         else:
             frame = codec.encode_batch(step, [codec.encode_record(step, True, data, 1 << 20)])
             for s, prefix, _ in ranks:
@@ -233,7 +243,12 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
         ctx.Process(
             target=_producer,
             args=(tier, nodes, args.ranks_per_node, args.keys, args.rate, steps, attach),
-            kwargs={"start": start, "ready": ready, "total_nodes": args.nodes},
+            kwargs={
+                "start": start,
+                "ready": ready,
+                "total_nodes": args.nodes,
+                "aligned": args.aligned,
+            },
         )
         for nodes in share
     ]
@@ -263,6 +278,7 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
     stats = f.stats or {}
     return {
         "tier": tier,
+        **({"aligned": args.aligned} if tier == "folded" else {}),
         "ranks": n,
         "nodes": args.nodes,
         "attached": attached,
@@ -292,6 +308,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="steps per second")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument(
+        "--aligned",
+        action="store_true",
+        help="folded: every node sends at once (a burst at the root each period), not each "
+        "on its own clock",
+    )
     args = parser.parse_args()
     os.environ["WANDB_FUNNEL_SINK"] = "null"
     os.environ.setdefault("WANDB_MODE", "offline")

@@ -50,8 +50,8 @@ def _close(a: Any, b: Any, scale: float) -> bool:
         return False
     if type(a) is float and math.isfinite(a) and math.isfinite(b):
         # one rounding of the sum is up to 3 of a mean's (the sum's ulp over the count)
-        return abs(a - b) <= 3 * math.ulp(b) + scale * 2.0**-100
-    return _same(a, b)
+        return bool(abs(a - b) <= 3 * math.ulp(b) + scale * 2.0**-100)
+    return bool(_same(a, b))
 
 
 def _through_the_wire(nodes: list[dict[int, Any]], keys: tuple[str, ...]) -> dict[str, KeyState]:
@@ -150,7 +150,7 @@ def test_key_sets_that_differ_across_nodes_merge_by_key(path: str) -> None:
 
 
 def test_many_blocks_merged_in_rounds_equal_one_merge(path: str) -> None:
-    """A row merges its blocks every 64 (its memory bounded): merging merged blocks gives
+    """A row merges its blocks as they come (its memory bounded): merging merged blocks gives
     what one merge of them all gives."""
     rng = random.Random(7)
     keys = ("k",)
@@ -205,3 +205,34 @@ def test_a_value_said_to_be_an_int_that_is_not_a_whole_number_stays_a_float(path
         (block,) = columns.unpack([("k",)], [0], columns.pack([tuple(row)]))
         first = columns.states([block])["k"].first
         assert type(first) is float and _same(first, value)
+
+
+def test_a_rows_node_blocks_are_merged_as_time_passes_and_let_go_of_their_frames(
+    path: str,
+) -> None:
+    """A block unpacked from a frame is a view that keeps the whole frame (every step of it)
+    in memory: the reorder buffer merges each row's blocks every ``_MERGE_EVERY`` seconds,
+    into blocks of their own, and the row's states are what one merge of them all gives."""
+    from wandb_funnel._logger import ordering
+
+    keys = ("k",)
+    order = ordering.Reorderer(window=2.0, max_pending_rows=100)
+    frames, states = [], []
+    for node in range(6):
+        state = KeyState(node * 2, float(node) / 3)
+        state.add(node * 2 + 1, node)
+        states.append(state)
+        frames.append(columns.unpack([keys], [0, 0], columns.pack([columns.state_row(state)] * 2)))
+    times = [0.0, 0.05, 0.1, 0.15, 0.3, 0.35]  # merges at 0.0 (the first) and 0.3
+    for (block, _), now in zip(frames, times, strict=True):
+        order.add_states(7, True, 2, block, [], now)
+    order.rank_floor(0, 8)
+    (row,) = order.pop_ready(0.4)
+    assert row.blocks is not None and len(row.blocks) == 2  # merged at 0.3, and one since
+    if path == "numpy":
+        assert row.blocks[0].rows.base is None  # its own: no frame kept
+    merged = columns.states(row.blocks)["k"]
+    whole = columns.states([block for block, _ in frames])["k"]
+    assert merged.count == whole.count == 12
+    for name in REDUCERS:
+        assert _same(merged.value(name), whole.value(name)), name

@@ -36,13 +36,16 @@ def test_a_resent_record_is_in_the_dead_rows_only_if_the_dead_logger_had_taken_i
 def test_the_taken_points_are_read_from_the_note_of_the_logger_whose_segment_is_read(
     tmp_path: pathlib.Path,
 ) -> None:
-    """A successor reads ``logger-taken.json`` of the logger that wrote the state (whose
+    """A successor reads ``logger-taken.bin`` of the logger that wrote the state (whose
     segment's last rows it reads): generation 0's, even for the third logger when the two
     between were killed while they started (they wrote neither: found by the soak's
     logger-killed-3x, 6 of 6 with duplicates); a note of another logger says nothing."""
     directory = str(tmp_path)
     _private_dir.write_json(directory, _private_dir.STATE, {"generation": 0})
-    _private_dir.write_json(directory, _private_dir.TAKEN, {"generation": 0, "taken": {1: 7}})
+    note = continuity.TakenNote(directory, 0)
+    note.took(1, 7)
+    note.write()
+    note.close()
     assert continuity.resume(directory, 1).taken == {1: 7}
     assert continuity.resume(directory, 3).taken == {1: 7}
     assert continuity.resume(directory, 0).taken == {}  # the first logger
@@ -51,19 +54,30 @@ def test_the_taken_points_are_read_from_the_note_of_the_logger_whose_segment_is_
 
 
 def test_the_taken_note_is_rewritten_in_place_and_reads_back_whole(tmp_path: pathlib.Path) -> None:
-    """The note is rewritten with one pwrite: a shorter note after a longer one still reads
-    back as itself (padded), and a torn note reads as nothing taken (every record is written
-    again: a duplicate at worst, never a loss)."""
+    """The note is rewritten in place, each rank in its slot: it reads back as the last
+    points written (not those taken since), and a torn note reads as nothing taken (every
+    record is written again: a duplicate at worst, never a loss)."""
     _private_dir.write_json(str(tmp_path), _private_dir.STATE, {"generation": 0})
     note = continuity.TakenNote(str(tmp_path), 0)
     try:
-        note.write({rank: 1_000_000 + rank for rank in range(50)})
-        note.write({1: 5})
-        assert continuity.resume(str(tmp_path), 1).taken == {1: 5}
+        for rank in range(50):
+            note.took(rank, 1_000_000 + rank)
+        note.write()
+        note.took(1, 5)
+        note.took(50, 9)
+        note.write()
+        note.took(2, 3)  # taken, never written: no row holds it
+        expected = {rank: 1_000_000 + rank for rank in range(50)} | {1: 5, 50: 9}
+        assert continuity.resume(str(tmp_path), 1).taken == expected
     finally:
         note.close()
     path = tmp_path / _private_dir.TAKEN
-    path.write_bytes(path.read_bytes()[:20])  # torn
+    whole = path.read_bytes()
+    path.write_bytes(whole[:20])  # torn in its header
+    assert continuity.resume(str(tmp_path), 1).taken == {}
+    path.write_bytes(whole[:-16])  # a slot short
+    assert continuity.resume(str(tmp_path), 1).taken == {}
+    path.write_bytes(b"{" + whole[1:])  # not a note
     assert continuity.resume(str(tmp_path), 1).taken == {}
 
 

@@ -120,7 +120,7 @@ class Logger:
 
     def die(self) -> None:
         self.sink._file.close()
-        self.journal._taken_note.close()
+        self.journal.close()
 
 
 def _job(
@@ -160,7 +160,7 @@ def _job(
         successor.frame(rank, frame)
     successor.write_and_save(ranks)
     successor.writer.finish(0, lambda w: {}, None)
-    successor.journal._taken_note.close()
+    successor.journal.close()
     return successor.lost
 
 
@@ -259,7 +259,7 @@ def _two_deaths(
         if end is not None:
             logger.die()
     logger.writer.finish(0, lambda w: {}, None)
-    logger.journal._taken_note.close()
+    logger.journal.close()
     return lost
 
 

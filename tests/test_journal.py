@@ -103,7 +103,7 @@ class Logger:
     def die(self) -> None:
         """What a SIGKILL leaves: the files as they are (their descriptors let go of)."""
         self.sink._file.close()
-        self.journal._taken_note.close()
+        self.journal.close()
 
     def saved(self) -> dict[int, int]:
         moved = self.journal.durable([self.writer], lambda line: None) or {}
@@ -148,7 +148,7 @@ def _run_with_a_death(directory: str, steps: int, die_at: int, unsaved: int) -> 
     clock.now += 1.0
     second.write(clock.now)
     second.writer.finish(0, lambda w: {}, None)
-    second.journal._taken_note.close()
+    second.journal.close()
 
 
 def test_every_record_once_after_a_death_with_rows_written_past_the_saved_point(

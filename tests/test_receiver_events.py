@@ -9,7 +9,7 @@ import queue
 
 import pytest
 
-from wandb_funnel._logger.events import Attached, Ended, Records
+from wandb_funnel._logger.events import Attached, Ended, FoldedRecords, Records
 from wandb_funnel._logger.receiver import Receiver
 from wandb_funnel._protocol import codec
 from wandb_funnel._protocol.messages import Goodbye, Hello
@@ -62,6 +62,7 @@ def test_one_drain_is_one_list_of_events_in_the_order_taken() -> None:
 
     by_rank: dict[int, list[object]] = {1: [], 2: []}
     for event in events:
+        assert not isinstance(event, FoldedRecords)  # (no node logger here)
         by_rank[event.rank].append(event)
     for rank, steps in ((1, 5), (2, 3)):
         kinds = [type(e) for e in by_rank[rank]]

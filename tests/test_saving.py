@@ -7,6 +7,10 @@ from __future__ import annotations
 import pathlib
 import struct
 import zlib
+from collections import deque
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wandb_funnel._logger.saving import SaveTracker
 from wandb_funnel.sinks.wandb.txlog import HISTORY_FIELD, Tail, record_kind
@@ -90,6 +94,54 @@ def _log_file(records: list[bytes]) -> bytes:
             if not record:
                 break
     return bytes(out)
+
+
+def _written_by_looking_at_every_rank(
+    batches: list[tuple[int, int, int | None]], cycles: list[int]
+) -> list[dict[int, int]]:
+    """What each write cycle moves, found the plain way: every rank's oldest batches."""
+    queues: dict[int, deque[tuple[int, int | None]]] = {}
+    at, moved_by_cycle = 0, []
+    per_cycle = max(1, len(batches) // max(1, len(cycles)))
+    for released in cycles:
+        for rank, end, step in batches[at : at + per_cycle]:
+            queues.setdefault(rank, deque()).append((end, step))
+        at += per_cycle
+        moved = {}
+        for rank, queue in queues.items():
+            while queue and (queue[0][1] is None or queue[0][1] <= released):
+                moved[rank] = queue.popleft()[0]
+        moved_by_cycle.append(moved)
+    return moved_by_cycle
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(0, 5), st.one_of(st.none(), st.integers(0, 30))), max_size=60
+    ),
+    cycles=st.lists(st.integers(-1, 35), min_size=1, max_size=12),
+)
+def test_a_write_cycle_moves_what_a_look_at_every_rank_would(
+    steps: list[tuple[int, int | None]], cycles: list[int]
+) -> None:
+    """A cycle looks only at the ranks whose oldest open batch it may have written (a heap
+    of those): it moves every rank a look at each one would, to the same point, whatever
+    order the batches' steps come in (a late record's batch, one dropped before ordering)."""
+    ends: dict[int, int] = {}
+    batches = []
+    for rank, step in steps:
+        ends[rank] = ends.get(rank, 0) + 3
+        batches.append((rank, ends[rank], step))
+    expected = _written_by_looking_at_every_rank(batches, cycles)
+    saves = SaveTracker()
+    per_cycle = max(1, len(batches) // len(cycles))
+    for cycle, (released, want) in enumerate(zip(cycles, expected, strict=True)):
+        at = cycle * per_cycle
+        for rank, end, step in batches[at : at + per_cycle]:
+            saves.batch(rank, end, step, cycle)
+        saves.written(released, cycle + 1, cycle + 1)
+        assert saves.durable(cycle + 1) == want
 
 
 def test_the_tail_counts_history_records_as_the_file_grows(tmp_path: pathlib.Path) -> None:

@@ -9,7 +9,7 @@ the funnel has closed; a logger whose owner is gone removes it itself. What is i
   this node that have no stream of their own to ask with;
 - ``status.json``: what ``wandb-funnel status`` shows, rewritten once a second;
 - ``final-stats.json``: the accounting, when a close cut short inside wandb sends no DONE;
-- ``logger-state.json``, ``logger-run-data.json``, ``logger-taken.json``: what a logger
+- ``logger-state.json``, ``logger-run-data.json``, ``logger-taken.bin``: what a logger
   leaves for the one that replaces it (``_logger/continuity.py`` says what each holds).
 
 No import beyond the standard library's ``os`` and ``json``: a logger's watchdog writes and
@@ -31,7 +31,7 @@ STATUS: Final = "status.json"
 FINAL_STATS: Final = "final-stats.json"
 STATE: Final = "logger-state.json"
 RUN_DATA: Final = "logger-run-data.json"
-TAKEN: Final = "logger-taken.json"
+TAKEN: Final = "logger-taken.bin"
 
 
 def of_address(address: str) -> str | None:

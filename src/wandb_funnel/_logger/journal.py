@@ -94,9 +94,7 @@ class Journal:
         # Resent records whose rows the dead logger wrote after its last state: the run's,
         # and counted here (its state could not count them).
         self.duplicates = 0
-        self._taken: dict[int, int] = {}  # rank -> end of the records taken in
-        self._taken_on_disk: dict[int, int] = {}
-        self._taken_note = TakenNote(directory, self.before.generation)
+        self._taken = TakenNote(directory, self.before.generation)  # rank -> end taken in
         self._clock = clock
         self._next_save = 0.0
 
@@ -131,15 +129,16 @@ class Journal:
         return [r for r, dup in pairs if not dup], counted
 
     def took(self, rank: int, end_seq: int) -> None:
-        self._taken[rank] = end_seq
+        self._taken.took(rank, end_seq)
 
     def before_rows_written(self) -> None:
         """Rows are about to be handed to wandb: which records of each rank they may hold,
         on disk first (written only when a rank's point moved)."""
-        if self._taken == self._taken_on_disk:
-            return
-        self._taken_on_disk = dict(self._taken)
-        self._taken_note.write(self._taken_on_disk)
+        self._taken.write()
+
+    def close(self) -> None:
+        """Its files let go of (a successor reads them as they are)."""
+        self._taken.close()
 
     def keep(self, kind: UpdateKind, data: dict[str, Any]) -> None:
         """A rank's config, summary, metric or run update: the next segment gets it again."""

@@ -34,7 +34,12 @@ from wandb_funnel._protocol import columns
 if TYPE_CHECKING:
     from wandb_funnel._protocol.columns import Block
 
-_MERGE_AT = 64  # a row's nodes' blocks are merged every this many (its memory bounded)
+# A row's nodes' blocks are merged every ``_MERGE_EVERY`` seconds, and at ``_MERGE_AT`` of them
+# at the latest: a block is a view of its node's frame, which it keeps in memory whole (every
+# step's states of it), so memory is the blocks that came in that time; merged by time rather
+# than by count, a row's merges are fewer and larger, which costs less a block (issue 38).
+_MERGE_EVERY = 0.2
+_MERGE_AT = 1_024
 
 
 class Row:
@@ -95,8 +100,13 @@ class Row:
             else:
                 self.blocks.append(block)
                 if len(self.blocks) % _MERGE_AT == 0:  # (not again at once: key sets
-                    self.blocks = columns.merge(self.blocks)  # that differ stay apart)
+                    self.merge_blocks()  # that differ stay apart)
         self.records += records
+
+    def merge_blocks(self) -> None:
+        """Its blocks merged into one per key set, each owning its memory."""
+        if self.blocks is not None:
+            self.blocks = columns.compact(self.blocks)
 
 
 class Reorderer:
@@ -119,6 +129,8 @@ class Reorderer:
         self._last_attach: float | None = None  # when a rank last attached (monotonic)
         self._unattached: set[int] = set()  # expected ranks that have not attached yet
         self._first_arrival: float | None = None  # when the first row arrived
+        self._unmerged: set[Row] = set()  # rows given nodes' blocks since the last merge
+        self._next_merge = 0.0
         self.late_records = 0
 
     @property
@@ -197,17 +209,23 @@ class Reorderer:
         """Take a node's pre-reduced ``records`` records at ``step`` (its ranks' floors come
         with ``rank_floor``)."""
         if step <= self._last_released:
-            late = self._late.get(step)
-            if late is None:
-                late = self._late[step] = Row(step, late=True)
-            late.add_states(block, parts, records, committed)
+            row = self._late.get(step)
+            if row is None:
+                row = self._late[step] = Row(step, late=True)
             self.late_records += records
-            return
-        row = self._rows.get(step)
-        if row is None:
-            row = self._rows[step] = Row(step)
-            self._new_row(step, now)
+        else:
+            row = self._rows.get(step)
+            if row is None:
+                row = self._rows[step] = Row(step)
+                self._new_row(step, now)
         row.add_states(block, parts, records, committed)
+        if block is not None:
+            self._unmerged.add(row)
+        if now >= self._next_merge:
+            self._next_merge = now + _MERGE_EVERY
+            for unmerged in self._unmerged:
+                unmerged.merge_blocks()
+            self._unmerged.clear()
 
     def rank_floor(self, rank: int, floor: int) -> None:
         """``rank`` logs nothing below ``floor`` from now on (a node's word for it)."""
@@ -305,18 +323,22 @@ class Reorderer:
         self._late.clear()
         self._heap.clear()
         self._arrivals.clear()
+        self._unmerged.clear()
         return records
 
     def _release_smallest(self) -> Row:
         step = heapq.heappop(self._heap)
         self._last_released = step
-        return self._rows.pop(step)
+        row = self._rows.pop(step)
+        self._unmerged.discard(row)
+        return row
 
     def _take_late(self) -> list[Row]:
         if not self._late:
             return []
         rows = [self._late[s] for s in sorted(self._late)]
         self._late.clear()
+        self._unmerged.difference_update(rows)
         return rows
 
     def _drop_stale_arrivals(self) -> None:
