@@ -146,11 +146,12 @@ def _producer(
         mine = [(prefix[0], rank) for s, prefix, rank in ranks if s is up]
         states: dict[str, KeyState] = {}
         for key, value in data.items():
-            for _, rank in mine:
+            for _, rank in mine:  # each rank its own value: sums that round, as a loss's do
+                mine_value = value + rank / 7919
                 if key in states:
-                    states[key].add(rank, value)
+                    states[key].add(rank, mine_value)
                 else:
-                    states[key] = KeyState(rank, value)
+                    states[key] = KeyState(rank, mine_value)
         folds.append((up, mine, [columns.state_row(v) for v in states.values()]))
 
     def send_folded(

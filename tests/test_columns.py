@@ -236,3 +236,42 @@ def test_a_rows_node_blocks_are_merged_as_time_passes_and_let_go_of_their_frames
     assert merged.count == whole.count == 12
     for name in REDUCERS:
         assert _same(merged.value(name), whole.value(name)), name
+
+
+def test_the_wire_leaves_out_fields_of_zeros_and_narrows_small_ints(path: str) -> None:
+    """A frame's states take the bytes their values need: a field that is 0 for every key
+    is left out, one of small ints takes 4 bytes a key; -0.0 is not left out (it is a value);
+    an int past 32 bits takes 8. They read back as packed."""
+    plain = KeyState(3, 0.25)
+    plain.add(4, 0.5)
+    big = KeyState(2**35, -0.0)
+    rows = [columns.state_row(plain), columns.state_row(big)]
+    packed = columns.pack(rows)
+    widths = list(packed[: columns.FIELDS])
+    assert widths[columns.NAN] == widths[columns.INT_SUM] == 0  # floats: no NaN, no int sum
+    assert widths[columns.COUNT] == widths[columns.FLAGS] == 4
+    assert widths[columns.FIRST_RANK] == 8  # rank 2**35
+    assert widths[columns.FIRST] == 8  # 0.25 and -0.0
+    assert len(packed) == columns.FIELDS + 2 * sum(widths) < 2 * 112 * 3 // 4
+    (block,) = columns.unpack([("a", "b")], [0], packed)
+    merged = columns.states([block])
+    assert merged["a"].value("mean") == 0.375 and merged["a"].count == 2
+    assert merged["b"].first_rank == 2**35 and math.copysign(1.0, merged["b"].first) < 0
+    assert columns.unpack([], [], columns.pack([])) == []
+
+
+@pytest.mark.parametrize(
+    ("widths", "why"),
+    [
+        ([4] + [8] * 13, "widths"),  # a float field in 4 bytes
+        ([8] * 5 + [2] + [8] * 8, "widths"),
+        ([8] * 13, "widths"),  # one short
+    ],
+)
+def test_a_frame_whose_widths_are_malformed_is_refused(
+    path: str, widths: list[int], why: str
+) -> None:
+    packed = columns.pack([columns.state_row(KeyState(3, 2))])
+    body = packed[columns.FIELDS :]
+    with pytest.raises(ValueError, match=why):
+        columns.unpack([("k",)], [0], bytes(widths) + body if len(widths) == 14 else bytes(widths))

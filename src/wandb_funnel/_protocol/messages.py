@@ -12,7 +12,7 @@ from typing import Any, Final, NamedTuple
 
 from wandb_funnel._options import FunnelOptions, Topology
 
-PROTOCOL_VERSION: Final = 3  # 2: the node tier's folded batches (issue 38); 3: by column
+PROTOCOL_VERSION: Final = 4  # 2: the node tier's folded batches (issue 38); 3: by column; 4: packed
 
 # Message kinds. Client -> logger first, then logger -> client.
 HELLO: Final = 1
