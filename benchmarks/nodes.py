@@ -22,14 +22,16 @@ The ranks are simulated by ``--producers`` processes, each holding its share of 
 
 Every rank says hello, then every ``1/rate`` seconds sends a batch of one record of
 ``--keys`` float keys at the next step (one packed record per step, shared by the ranks, so
-that the producers keep the pace), then goodbye. The root is a real logger process with the
+that the producers keep the pace), then goodbye, and waits for the root's receipt of it, as
+a rank does at its close. The root is a real logger process with the
 null sink (``WANDB_FUNNEL_SINK=null``): these are the funnel's figures, not wandb's.
 
 Reports, per tier: the root logger's CPU as a fraction of one core over the paced window,
 its peak RSS (and its RSS once every rank attached, before the first record), the TCP
 connections at the root, the p99 lag from a step's schedule to its row (every row's wall
 time, from the null sink: ``WANDB_FUNNEL_NULL_ROWS``),
-records taken and dropped, and the pace the producers kept. 0 collectives: no
+records taken, dropped and late (in rows of their own), the goodbyes the root never
+answered, and the pace the producers kept. 0 collectives: no
 ``torch.distributed`` call is made.
 """
 
@@ -87,7 +89,7 @@ def _producer(
     from wandb_funnel._logger.nodes import fold_period
     from wandb_funnel._protocol import codec, columns, node_wire
     from wandb_funnel._protocol.mergeable import KeyState
-    from wandb_funnel._protocol.messages import Folded, Goodbye, Hello, NodeHello
+    from wandb_funnel._protocol.messages import Ack, Folded, Goodbye, Hello, NodeHello
     from wandb_funnel._protocol.sockets import NODE_PREFIX, STREAM_PREFIX
 
     ctx = zmq.Context()
@@ -190,8 +192,20 @@ def _producer(
             beat()
     for s, prefix, _ in ranks:
         s.send_multipart([*prefix, codec.encode_goodbye(Goodbye(steps, "done", 0))])
-    ready.put(behind)
-    time.sleep(2.0)
+    ready.put(("behind", behind))
+    # As a rank does at its close: wait for the root's receipt of each goodbye (a socket
+    # closed before its frames left would lose them, and the benchmark would count them).
+    acked, deadline = 0, time.monotonic() + 120.0
+    while acked < len(ranks) and time.monotonic() < deadline:
+        for s in socks:
+            while s.poll(0):
+                frame = s.recv_multipart()[-1]
+                try:
+                    acked += isinstance(codec.decode(frame, 1 << 24), Ack)
+                except codec.DecodeError:
+                    pass
+        time.sleep(0.05)
+    ready.put(("unanswered", len(ranks) - acked))
     for s in socks:
         s.close()
     ctx.term()
@@ -264,13 +278,18 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
     for _ in procs:
         start.put(t0)
     cpu0, w0, peak = _cpu_seconds(f.logger_pid), time.time(), 0.0
-    behind = 0.0
-    for _ in procs:
+    said: dict[str, list[float]] = {"behind": [], "unanswered": []}
+    while len(said["behind"]) < len(procs):  # every producer has sent its last step
         while ready.empty():
             peak = max(peak, rss_mb(f.logger_pid))
             time.sleep(0.25)
-        behind = max(behind, _get(ready, procs))
+        what, value = _get(ready, procs)
+        said[what].append(value)
     cpu1, w1 = _cpu_seconds(f.logger_pid), time.time()
+    while len(said["unanswered"]) < len(procs):  # goodbyes the root never answered
+        what, value = _get(ready, procs)
+        said[what].append(value)
+    behind, unacked = max(said["behind"]), int(sum(said["unanswered"]))
     for proc in procs:
         proc.join()
     f.close()
@@ -293,7 +312,9 @@ def one(tier: str, args: argparse.Namespace) -> dict[str, Any]:
         "sent": n * steps,
         "dropped": stats.get("_funnel/dropped_records"),
         "rows": stats.get("_funnel/rows"),
+        "late_records": stats.get("_funnel/late_records"),  # in rows of their own
         "producers_behind_s": round(behind, 2),
+        "goodbyes_unanswered": unacked,
         "host": socket.gethostname(),
     }
 
