@@ -266,12 +266,16 @@ def test_the_wire_leaves_out_fields_of_zeros_and_narrows_small_ints(path: str) -
         ([4] + [8] * 13, "widths"),  # a float field in 4 bytes
         ([8] * 5 + [2] + [8] * 8, "widths"),
         ([8] * 13, "widths"),  # one short
+        ([0] * 14, "counts"),  # no counts: a tiny frame could say a billion keys
     ],
 )
 def test_a_frame_whose_widths_are_malformed_is_refused(
     path: str, widths: list[int], why: str
 ) -> None:
     packed = columns.pack([columns.state_row(KeyState(3, 2))])
-    body = packed[columns.FIELDS :]
+    body = packed[columns.FIELDS :] if any(widths) else b""
     with pytest.raises(ValueError, match=why):
         columns.unpack([("k",)], [0], bytes(widths) + body if len(widths) == 14 else bytes(widths))
+    if not any(widths):  # refused before a row is made, however many keys it names
+        with pytest.raises(ValueError, match=why):
+            columns.unpack([tuple(f"k{i}" for i in range(100_000))], [0] * 65_536, bytes(widths))

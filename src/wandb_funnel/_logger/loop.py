@@ -342,6 +342,7 @@ class Logger:
         closing.finish_runs(
             self.runs, self.ledger, close, exit_code, self._active, self._receiver, self._progress
         )
+        self.journal.close()  # no rows after this
         self.final_stats = stats = self.ledger.funnel(self.runs)
         stats["_funnel/exit_reason"] = close.why
         # wandb's footer leaves _funnel/* out (sinks/wandb/run.py): what went wrong is said

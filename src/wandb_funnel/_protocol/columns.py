@@ -150,11 +150,15 @@ def unpack(keysets: Sequence[tuple[str, ...]], which: Sequence[int], states: byt
     count = sum(len(keysets[k]) for k in which)
     widths = states[:FIELDS]
     if len(widths) != FIELDS or any(
-        w not in ((0, 8) if field < COUNT else (0, 4, 8)) for field, w in enumerate(widths)
+        w not in ((0, 8) if f < COUNT else (0, 4, 8)) for f, w in enumerate(widths)
     ):
         raise ValueError("a folded frame's states are malformed: their widths")
     if len(states) != FIELDS + count * sum(widths):
         raise ValueError("a folded frame's states are not as long as its keys")
+    # Every count is at least 1, so a frame with keys has its counts: then its length said
+    # how many keys it holds, before anything is made for them (14 bytes could say billions).
+    if count and not widths[COUNT]:
+        raise ValueError(_BAD + ": counts or ranks")
     rows: Any
     if _numpy():
         fields = _np.zeros((FIELDS, count), "<i8")
